@@ -1,0 +1,17 @@
+"""attnkit: self-attention that is right, fast and understandable.
+
+>>> import torch, attnkit as ak
+>>> q = k = v = torch.randn(1, 4, 16, 32)
+>>> out = ak.attention(q, k, v, ak.masks.causal())
+>>> print(ak.explain(q, k, v, ak.masks.causal()).chosen)
+sdpa
+"""
+
+from attnkit import backends, errors, masks, nn, positions
+from attnkit.backends import attention, explain
+from attnkit.functional.reference import reference_attention
+
+__version__ = "0.1.0"
+
+__all__ = ["attention", "explain", "reference_attention", "masks", "positions", "backends", "errors", "nn"]
+

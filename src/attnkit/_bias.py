@@ -1,0 +1,32 @@
+"""The protocol of structured biases: additive score terms computed from positions.
+
+A structured bias (ALiBi is the built-in one) is evaluated from the absolute positions of queries and keys,
+so a backend can compute it per block instead of materialising an ``(B, H, Lq, Lk)`` tensor.
+
+Shape legend: B batch, H query heads, Lq/Lk query/key lengths.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class StructuredBias:
+    """Base class: an additive score term ``score(h, q_pos, kv_pos)`` evaluated elementwise.
+
+    Subclasses implement :meth:`score`; it must use only elementwise, broadcasting tensor operations so
+    the same code serves dense materialisation, per-block evaluation and flex attention's ``score_mod``.
+    """
+
+    num_heads: int
+
+    def score(self, h: torch.Tensor, q_pos: torch.Tensor, kv_pos: torch.Tensor) -> torch.Tensor:
+        """Bias for head index ``h``, query position ``q_pos`` and key position ``kv_pos`` (broadcasting)."""
+        raise NotImplementedError
+
+    def materialize(self, q_positions: torch.Tensor, kv_positions: torch.Tensor) -> torch.Tensor:
+        """Dense float32 bias ``(B|1, H, Lq, Lk)`` for positions ``(B|1, Lq)`` and ``(B|1, Lk)``."""
+        h = torch.arange(self.num_heads, device=q_positions.device)[None, :, None, None]  # (1, H, 1, 1)
+        q_pos = q_positions[:, None, :, None]  # (B|1, 1, Lq, 1)
+        kv_pos = kv_positions[:, None, None, :]  # (B|1, 1, 1, Lk)
+        return self.score(h, q_pos, kv_pos).float()

@@ -1,0 +1,188 @@
+"""Input checks for the attention front door, turning arguments into a validated :class:`AttentionCall`.
+
+Every check raises a typed error whose message names the argument, its value and the fix (DESIGN.md).
+
+Shape legend: B batch, H query heads, Hkv key/value heads, Lq/Lk query/key lengths, D head dim.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from attnkit._bias import StructuredBias
+from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
+from attnkit.masks import MaskSpec, default_positions
+
+
+@dataclass(frozen=True)
+class AttentionCall:
+    """A validated attention request: tensors at the backend boundary plus every option.
+
+    ``q_positions``/``kv_positions`` are ``(B|1, L)`` int64 or ``None`` for the default (bottom-right
+    aligned aranges); :meth:`positions` materialises them.
+    """
+
+    q: torch.Tensor  # (B, H, Lq, D)
+    k: torch.Tensor  # (B, Hkv, Lk, D)
+    v: torch.Tensor  # (B, Hkv, Lk, Dv)
+    mask: MaskSpec | torch.Tensor | None
+    bias: torch.Tensor | StructuredBias | None
+    scale: float
+    softcap: float | None
+    dropout_p: float
+    q_positions: torch.Tensor | None
+    kv_positions: torch.Tensor | None
+    return_weights: bool
+
+    @property
+    def batch(self) -> int:
+        return self.q.shape[0]
+
+    @property
+    def num_heads(self) -> int:
+        return self.q.shape[1]
+
+    @property
+    def num_kv_heads(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def q_len(self) -> int:
+        return self.q.shape[2]
+
+    @property
+    def kv_len(self) -> int:
+        return self.k.shape[2]
+
+    @property
+    def default_positions(self) -> bool:
+        return self.q_positions is None and self.kv_positions is None
+
+    @property
+    def needs_grad(self) -> bool:
+        return torch.is_grad_enabled() and any(t.requires_grad for t in (self.q, self.k, self.v))
+
+    def positions(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Query and key positions ``(B|1, Lq)``, ``(B|1, Lk)`` int64 on q's device."""
+        dq, dkv = default_positions(self.q_len, self.kv_len, self.q.device)
+        return (dq if self.q_positions is None else self.q_positions,
+                dkv if self.kv_positions is None else self.kv_positions)
+
+
+def check_tensors(q: object, k: object, v: object) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise AttnkitTypeError(f"{name} must be a torch.Tensor, got {describe(t)}.")
+        if t.dim() != 4:
+            raise AttnkitValueError(
+                f"{name} must have 4 dims ({'B, H, Lq, D' if name == 'q' else 'B, Hkv, Lk, D'}), got {describe(t)}; "
+                "reshape (B, L, H*D) inputs with x.view(B, L, H, D).transpose(1, 2)."
+            )
+        if not t.dtype.is_floating_point:
+            raise AttnkitTypeError(f"{name} must be a floating-point tensor, got {describe(t)}; cast with .float().")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise AttnkitTypeError(f"q, k, v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}; cast them to "
+                               "one dtype (or run under torch.autocast).")
+    if not (q.device == k.device == v.device):
+        raise AttnkitValueError(f"q, k, v must be on one device, got {q.device}, {k.device}, {v.device}; move them "
+                                "with .to(q.device).")
+    B, H, _, D = q.shape
+    if k.shape[0] != B or v.shape[0] != B:
+        raise AttnkitValueError(f"batch sizes differ: q {B}, k {k.shape[0]}, v {v.shape[0]}; give q, k, v one batch.")
+    if k.shape[1] != v.shape[1] or k.shape[2] != v.shape[2]:
+        raise AttnkitValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must agree on (Hkv, Lk).")
+    if k.shape[3] != D:
+        raise AttnkitValueError(f"k head dim {k.shape[3]} differs from q head dim {D}; q and k must share D.")
+    if k.shape[1] == 0 or H % k.shape[1] != 0:
+        raise AttnkitValueError(
+            f"num_heads H={H} must be a multiple of num_kv_heads Hkv={k.shape[1]} (GQA: head h reads KV head h // G); "
+            "choose Hkv dividing H, e.g. Hkv=1 (MQA) or Hkv=H (MHA)."
+        )
+
+
+def check_positions(positions: object, name: str, batch: int, length: int, device: torch.device):
+    if positions is None:
+        return None
+    if not isinstance(positions, torch.Tensor) or positions.dtype.is_floating_point or positions.dtype == torch.bool:
+        raise AttnkitTypeError(f"{name} must be an integer tensor of absolute positions, got {describe(positions)}; "
+                               "pass e.g. torch.arange(L).")
+    if positions.dim() not in (1, 2) or positions.shape[-1] != length or (
+        positions.dim() == 2 and positions.shape[0] not in (1, batch)
+    ):
+        raise AttnkitValueError(f"{name} must have shape ({length},) or ({batch}, {length}), got {describe(positions)}; "
+                                "give one position per token of this call.")
+    if positions.device != device:
+        raise AttnkitValueError(f"{name} is on {positions.device} but q is on {device}; move it with .to(q.device).")
+    return positions.long().reshape(-1, length)  # (B|1, L)
+
+
+def check_mask(mask: object, shape: tuple[int, int, int, int]) -> None:
+    if mask is None or isinstance(mask, MaskSpec):
+        return
+    if not isinstance(mask, torch.Tensor):
+        raise AttnkitTypeError(f"mask must be an attnkit mask (ak.masks.*), a bool tensor or None, got {describe(mask)}.")
+    if mask.dtype != torch.bool:
+        raise AttnkitTypeError(
+            f"mask must be boolean (True = may attend), got {describe(mask)}; pass additive float masks as bias= "
+            "and convert 0/1 masks with mask.bool()."
+        )
+    _check_broadcast(mask, "mask", shape)
+
+
+def check_bias(bias: object, shape: tuple[int, int, int, int], num_heads: int) -> None:
+    if bias is None:
+        return
+    if isinstance(bias, StructuredBias):
+        if bias.num_heads != num_heads:
+            raise AttnkitValueError(f"bias {type(bias).__name__} was built for {bias.num_heads} heads but q has "
+                                    f"{num_heads}; build it with num_heads={num_heads}.")
+        return
+    if not isinstance(bias, torch.Tensor) or not bias.dtype.is_floating_point:
+        raise AttnkitTypeError(f"bias must be a float tensor broadcastable to (B, H, Lq, Lk) or a structured bias "
+                               f"such as ak.positions.ALiBi, got {describe(bias)}; pass boolean masks as mask=.")
+    _check_broadcast(bias, "bias", shape)
+
+
+def _check_broadcast(t: torch.Tensor, name: str, shape: tuple[int, int, int, int]) -> None:
+    ok = t.dim() <= 4
+    if ok:
+        try:
+            ok = torch.broadcast_shapes(t.shape, shape) == torch.Size(shape)
+        except RuntimeError:
+            ok = False
+    if not ok:
+        raise AttnkitValueError(f"{name} of shape {tuple(t.shape)} does not broadcast to (B, H, Lq, Lk)={shape}; "
+                                "give it shape (Lq, Lk), (B, 1, Lq, Lk) or (B, H, Lq, Lk).")
+
+
+def check_scalar(value: object, name: str, *, low: float, high: float, fix: str, low_open: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise AttnkitTypeError(f"{name} must be a finite number, got {describe(value)}; {fix}")
+    if not ((low < value) if low_open else (low <= value)) or not value < high:
+        raise AttnkitValueError(f"{name} must be in {'(' if low_open else '['}{low}, {high}), got {value}; {fix}")
+    return float(value)
+
+
+def build_call(q, k, v, mask=None, *, bias=None, scale=None, softcap=None, dropout_p=0.0,
+               q_positions=None, kv_positions=None, return_weights=False) -> AttentionCall:
+    """Validate the arguments of :func:`attnkit.attention` and bundle them."""
+    check_tensors(q, k, v)
+    B, H, Lq, D = q.shape
+    shape = (B, H, Lq, k.shape[2])
+    check_mask(mask, shape)
+    check_bias(bias, shape, H)
+    scale = 1.0 / math.sqrt(D) if scale is None else check_scalar(
+        scale, "scale", low=0.0, high=math.inf, low_open=True, fix="omit it for the default 1/sqrt(head_dim).")
+    if softcap is not None:
+        softcap = check_scalar(softcap, "softcap", low=0.0, high=math.inf, low_open=True,
+                               fix="use a positive cap such as 50.0 (Gemma 2), or None for no softcap.")
+    dropout_p = check_scalar(dropout_p, "dropout_p", low=0.0, high=1.0, fix="use 0 <= dropout_p < 1 (0 at eval).")
+    return AttentionCall(
+        q, k, v, mask, bias, scale, softcap, dropout_p,
+        check_positions(q_positions, "q_positions", B, Lq, q.device),
+        check_positions(kv_positions, "kv_positions", B, k.shape[2], q.device),
+        bool(return_weights),
+    )

@@ -1,0 +1,41 @@
+"""The front door: ``attnkit.attention`` validates, routes to a backend and runs it.
+
+Shape legend: B batch, H query heads, Hkv key/value heads (H % Hkv == 0), Lq/Lk lengths, D head dim.
+"""
+
+from __future__ import annotations
+
+from attnkit._validation import build_call
+from attnkit.backends.registry import Explanation, explain_call, select
+
+
+def attention(q, k, v, mask=None, *, bias=None, scale=None, softcap=None, dropout_p=0.0,
+              q_positions=None, kv_positions=None, backend="auto", return_weights=False):
+    """Scaled dot-product attention ``softmax(q k^T * scale + bias, masked) v`` on the fastest capable backend.
+
+    Args:
+        q: ``(B, H, Lq, D)``; k, v: ``(B, Hkv, Lk, D)`` with ``H % Hkv == 0`` (GQA: head h reads h // (H/Hkv)).
+        mask: an ``ak.masks`` mask, a bool tensor broadcastable to ``(B, H, Lq, Lk)`` (True = may attend), or None.
+        bias: float tensor broadcastable to ``(B, H, Lq, Lk)`` or a structured bias (``ak.positions.ALiBi``).
+        scale: score scale, default ``1 / sqrt(D)``.
+        softcap: if set, scores become ``softcap * tanh(scores / softcap)`` before bias and masks.
+        dropout_p: attention dropout on the probabilities (after softmax, before ``@ v``).
+        q_positions, kv_positions: absolute int64 positions ``(L,)`` or ``(B, L)``; default
+            ``kv = arange(Lk)``, ``q = arange(Lk - Lq, Lk)`` (bottom-right: queries are the newest tokens).
+        backend: "auto" (fastest capable) or a name from ``ak.backends.available()``.
+        return_weights: also return the probabilities ``(B, H, Lq, Lk)`` (before dropout).
+
+    Returns:
+        ``(B, H, Lq, Dv)``, or ``(out, weights)``. Rows with no visible key give 0.
+    """
+    call = build_call(q, k, v, mask, bias=bias, scale=scale, softcap=softcap, dropout_p=dropout_p,
+                      q_positions=q_positions, kv_positions=kv_positions, return_weights=return_weights)
+    return select(call, backend)(call)
+
+
+def explain(q, k, v, mask=None, *, bias=None, scale=None, softcap=None, dropout_p=0.0,
+            q_positions=None, kv_positions=None, backend="auto", return_weights=False) -> Explanation:
+    """Which backend :func:`attention` would use for these arguments, how, and why each other one can't."""
+    call = build_call(q, k, v, mask, bias=bias, scale=scale, softcap=softcap, dropout_p=dropout_p,
+                      q_positions=q_positions, kv_positions=kv_positions, return_weights=return_weights)
+    return explain_call(call, backend)

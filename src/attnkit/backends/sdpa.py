@@ -1,0 +1,79 @@
+"""The ``sdpa`` backend: ``torch.nn.functional.scaled_dot_product_attention``.
+
+It passes ``is_causal=True`` only when that is exactly right (pure causal mask, Lq == Lk, default
+positions): SDPA's flag is top-left aligned and skips masked blocks. Otherwise the mask is materialised as a
+dense boolean (or, with a bias, float) tensor, which SDPA can't use to skip work. GQA uses ``enable_gqa``.
+
+Shape legend: B batch, H query heads, Hkv key/value heads, Lq/Lk lengths, D head dim.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from attnkit._bias import StructuredBias
+from attnkit._validation import AttentionCall
+from attnkit.masks import Causal, materialize
+
+
+class SDPABackend:
+    name = "sdpa"
+
+    def available(self) -> list[str]:
+        return [] if hasattr(F, "scaled_dot_product_attention") else ["torch lacks scaled_dot_product_attention"]
+
+    def supports(self, call: AttentionCall) -> list[str]:
+        reasons = []
+        if call.return_weights:
+            reasons.append("SDPA does not return attention weights (use return_weights=False, or backend='math')")
+        if call.softcap is not None:
+            reasons.append("SDPA has no logit softcap")
+        return reasons
+
+    def _mode(self, call: AttentionCall) -> str:
+        """'none', 'causal' (is_causal flag), or 'dense' (materialised mask)."""
+        if call.mask is None:
+            return "none"
+        if isinstance(call.mask, Causal) and call.default_positions:
+            if call.q_len == 1:
+                return "none"  # the last position sees every key
+            if call.q_len == call.kv_len:
+                return "causal"
+        return "dense"
+
+    def plan(self, call: AttentionCall) -> str:
+        mode = self._mode(call)
+        parts = {
+            "none": "no mask: fused kernel over all keys",
+            "causal": "is_causal=True: fused kernel skips blocks above the diagonal",
+            "dense": "dense mask tensor (Lq x Lk): fused kernel, but no block is skipped",
+        }[mode]
+        if mode == "dense" and isinstance(call.mask, Causal):
+            parts += " (causal with explicit positions or Lq != Lk can't use SDPA's top-left is_causal)"
+        if call.bias is not None:
+            parts += "; bias materialised as a (B, H, Lq, Lk) float tensor"
+        if call.dropout_p > 0 and call.q.device.type == "cpu":
+            parts += "; dropout_p > 0 makes SDPA fall back to its math path on CPU"
+        return parts
+
+    def __call__(self, call: AttentionCall) -> torch.Tensor:
+        mode = self._mode(call)
+        attn_mask, is_causal, empty_rows = None, mode == "causal", None
+        if mode == "dense":
+            attn_mask = materialize(call.mask, *call.positions())  # bool, broadcastable to (B, H, Lq, Lk)
+            # Rows with no visible key: let them see every key, then zero their output (finite gradients
+            # on every kernel, whatever it does with an all-masked row).
+            empty_rows = ~attn_mask.any(dim=-1, keepdim=True)  # (B|1, H|1, Lq, 1)
+            attn_mask = attn_mask | empty_rows
+        if call.bias is not None:
+            bias = call.bias.materialize(*call.positions()) if isinstance(call.bias, StructuredBias) else call.bias
+            bias = bias.to(call.q.dtype)
+            attn_mask = bias if attn_mask is None else bias.masked_fill(~attn_mask, float("-inf"))
+        out = F.scaled_dot_product_attention(
+            call.q, call.k, call.v, attn_mask=attn_mask, dropout_p=call.dropout_p, is_causal=is_causal,
+            scale=call.scale, enable_gqa=call.num_kv_heads != call.num_heads,
+        )  # (B, H, Lq, Dv)
+        if empty_rows is not None:
+            out = out.masked_fill(empty_rows, 0.0)
+        return out

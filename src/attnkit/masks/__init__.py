@@ -1,0 +1,83 @@
+"""Masks: what each query may attend to. ``True`` = may attend; causality on absolute positions.
+
+>>> import attnkit as ak
+>>> m = ak.masks.causal() & ak.masks.sliding_window(3)
+>>> print(m.picture(4))
+# . . .
+# # . .
+# # # .
+. # # #
+
+Builders return :class:`MaskSpec` objects; combine them with ``&``, ``|``, ``~`` and materialise with
+``mask.to_dense(q_positions, kv_positions)``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from attnkit.masks.dense import default_positions, materialize
+from attnkit.masks.spec import (
+    And,
+    Causal,
+    Custom,
+    Dense,
+    Document,
+    GlobalTokens,
+    MaskContext,
+    MaskSpec,
+    Not,
+    Or,
+    Padding,
+    SlidingWindow,
+    Strided,
+)
+
+
+def causal() -> Causal:
+    """Query at absolute position p sees keys at positions <= p (bottom-right aligned with a cache)."""
+    return Causal()
+
+
+def sliding_window(window: int) -> SlidingWindow:
+    """Causal local window of ``window`` keys including the query itself: p - W < j <= p."""
+    return SlidingWindow(window)
+
+
+def padding(key_is_real_or_lengths: torch.Tensor | Sequence[int]) -> Padding:
+    """Mask padded keys: bool ``(B, Lk)`` with True = real token, or int lengths ``(B,)`` (right padding)."""
+    return Padding(key_is_real_or_lengths)
+
+
+def document(doc_ids: torch.Tensor, q_doc_ids: torch.Tensor | None = None) -> Document:
+    """Packed documents: tokens attend only within their document. ``doc_ids`` int ``(B, Lk)``."""
+    return Document(doc_ids, q_doc_ids)
+
+
+def strided(stride: int) -> Strided:
+    """Keys whose distance from the query is a multiple of ``stride`` (combine with ``causal()``)."""
+    return Strided(stride)
+
+
+def global_tokens(positions: Sequence[int] | torch.Tensor) -> GlobalTokens:
+    """Tokens at these absolute positions see and are seen by every token (combine with ``|``)."""
+    return GlobalTokens(positions)
+
+
+def custom(fn: Callable[..., torch.Tensor], name: str | None = None) -> Custom:
+    """A mask from ``fn(b, h, q_pos, kv_pos) -> bool`` written with elementwise tensor operations."""
+    return Custom(fn, name)
+
+
+def dense(tensor: torch.Tensor) -> Dense:
+    """Wrap a boolean tensor broadcastable to ``(B, H, Lq, Lk)`` (True = may attend) as a mask."""
+    return Dense(tensor)
+
+
+__all__ = [
+    "MaskSpec", "MaskContext", "Causal", "SlidingWindow", "Padding", "Document", "Strided", "GlobalTokens",
+    "Custom", "Dense", "And", "Or", "Not", "causal", "sliding_window", "padding", "document", "strided",
+    "global_tokens", "custom", "dense", "materialize", "default_positions",
+]

@@ -1,0 +1,76 @@
+"""ALiBi (Press et al. 2022): a per-head linear penalty on query-key distance, added to the scores.
+
+Head ``h`` of ``n`` (a power of two) has slope ``m_h = 2 ** (-8 (h + 1) / n)``: 1/2, 1/4, ..., 1/256 for 8 heads.
+For a head count ``H`` that is not a power of two the paper takes the ``n = 2 ** floor(log2 H)`` slopes for
+``n`` heads, then every other slope (``[0::2]``) of the ``2n``-head sequence for the remaining ``H - n`` heads.
+
+The bias is ``score(h, i, j) = -m_h * |i - j|`` on absolute positions. Under a causal mask (``j <= i``) this is
+the paper's ``-m_h * (i - j)``; it equals BLOOM's ``+m_h * j`` up to the row constant ``-m_h * i``, which
+softmax ignores. Taking the absolute distance makes the same module the usual symmetric variant for
+bidirectional (encoder) attention, instead of rewarding keys after the query.
+
+:class:`ALiBi` is a :class:`attnkit._bias.StructuredBias`: backends evaluate ``score`` per block (or in flex
+attention's ``score_mod``) instead of materialising ``(B, H, Lq, Lk)``.
+
+Shape legend: B batch, H heads, Lq/Lk query/key lengths.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from attnkit._bias import StructuredBias
+from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
+
+
+def _check_num_heads(num_heads: object) -> int:
+    if isinstance(num_heads, bool) or not isinstance(num_heads, int):
+        raise AttnkitTypeError(f"num_heads must be an int, got {describe(num_heads)}; pass the number of query heads.")
+    if num_heads < 1:
+        raise AttnkitValueError(f"num_heads must be >= 1, got {num_heads}; pass the number of query heads.")
+    return num_heads
+
+
+def _power_of_two_slopes(n: int) -> list[float]:
+    return [2.0 ** (-8.0 * (i + 1) / n) for i in range(n)]  # start = ratio = 2 ** (-8 / n)
+
+
+def _slopes(num_heads: int) -> list[float]:
+    n = 2 ** math.floor(math.log2(num_heads))  # closest power of two <= num_heads
+    if n == num_heads:
+        return _power_of_two_slopes(n)
+    return _power_of_two_slopes(n) + _slopes(2 * n)[0::2][: num_heads - n]
+
+
+def alibi_slopes(num_heads: int) -> torch.Tensor:
+    """ALiBi slopes ``(H,)`` float32 for ``num_heads`` heads, per the paper (computed in float64, then rounded)."""
+    return torch.tensor(_slopes(_check_num_heads(num_heads)), dtype=torch.float64).float()  # (H,)
+
+
+class ALiBi(nn.Module, StructuredBias):
+    """ALiBi bias for ``num_heads`` query heads: ``score(h, q_pos, kv_pos) = -slopes[h] * |q_pos - kv_pos|``.
+
+    ``slopes`` is a non-persistent float32 buffer ``(H,)``. ``forward`` is :meth:`materialize`: a dense float32
+    bias ``(B|1, H, Lq, Lk)`` from positions ``(B|1, Lq)`` and ``(B|1, Lk)``.
+    """
+
+    slopes: torch.Tensor
+
+    def __init__(self, num_heads: int):
+        super().__init__()
+        self.num_heads = _check_num_heads(num_heads)
+        self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
+
+    def extra_repr(self) -> str:
+        return f"num_heads={self.num_heads}"
+
+    def score(self, h: torch.Tensor, q_pos: torch.Tensor, kv_pos: torch.Tensor) -> torch.Tensor:
+        """Bias ``-slopes[h] * |q_pos - kv_pos|`` as float32, broadcasting its three arguments."""
+        slopes = self.slopes.to(device=q_pos.device, dtype=torch.float32)  # (H,), a no-op when already there
+        return -slopes[h] * (q_pos - kv_pos).abs().to(torch.float32)
+
+    def forward(self, q_positions: torch.Tensor, kv_positions: torch.Tensor) -> torch.Tensor:
+        return self.materialize(q_positions, kv_positions)

@@ -1,0 +1,68 @@
+"""Learned absolute position embeddings: one trained vector per position in ``[0, max_positions)``.
+
+Positions outside the table raise :class:`attnkit.errors.AttnkitValueError` instead of an opaque index error
+(the check reads the min and max of ``positions``, one device synchronisation on an accelerator).
+
+Shape legend: B batch, L length, E embed_dim, P max_positions.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
+
+
+def _check_int(value: object, name: str, fix: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise AttnkitTypeError(f"{name} must be an int, got {describe(value)}; {fix}")
+    if value < 1:
+        raise AttnkitValueError(f"{name} must be >= 1, got {value}; {fix}")
+    return value
+
+
+class Learned(nn.Module):
+    """A ``(P, E)`` embedding table: ``forward(positions (L,) | (B, L)) -> (L, E) | (B, L, E)``.
+
+    Weights are initialised from ``N(0, init_std**2)`` (GPT-2 uses 0.02). The output has the table's dtype.
+    """
+
+    def __init__(self, max_positions: int, embed_dim: int, init_std: float = 0.02):
+        super().__init__()
+        self.max_positions = _check_int(max_positions, "max_positions", "pass the longest sequence length to support.")
+        self.embed_dim = _check_int(embed_dim, "embed_dim", "pass the model width E.")
+        if isinstance(init_std, bool) or not isinstance(init_std, (int, float)) or not math.isfinite(init_std) \
+                or init_std < 0:
+            raise AttnkitValueError(f"init_std must be a finite number >= 0, got {describe(init_std)}; use e.g. 0.02.")
+        self.init_std = float(init_std)
+        self.embedding = nn.Embedding(max_positions, embed_dim)  # weight (P, E)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        nn.init.normal_(self.embedding.weight, mean=0.0, std=self.init_std)
+
+    def extra_repr(self) -> str:
+        return f"max_positions={self.max_positions}, embed_dim={self.embed_dim}, init_std={self.init_std}"
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        if not isinstance(positions, torch.Tensor) or positions.dtype.is_floating_point or \
+                positions.dtype.is_complex or positions.dtype == torch.bool:
+            raise AttnkitTypeError(f"positions must be an integer tensor, got {describe(positions)}; pass e.g. "
+                                   "torch.arange(L) (int64).")
+        if positions.dim() not in (1, 2):
+            raise AttnkitValueError(f"positions must have shape (L,) or (B, L), got {describe(positions)}; pass one "
+                                    "position per token.")
+        if positions.numel():
+            low, high = int(positions.min()), int(positions.max())
+            if low < 0:
+                raise AttnkitValueError(f"positions must be >= 0, got value {low}; learned positions are absolute "
+                                        "indices into the table, starting at 0.")
+            if high >= self.max_positions:
+                raise AttnkitValueError(
+                    f"positions must be < max_positions={self.max_positions}, got value {high}; raise max_positions "
+                    f"to at least {high + 1}, or use a scheme without a maximum length (Sinusoidal, RoPE, ALiBi)."
+                )
+        return self.embedding(positions.long())  # (L, E) or (B, L, E)

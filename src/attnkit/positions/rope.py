@@ -1,0 +1,367 @@
+"""Rotary position embeddings (RoPE, Su et al. 2021) with long-context scaling and a layout converter.
+
+RoPE rotates pairs of channels of every query and key by an angle ``position * inv_freq[i]``, so the score
+``q_m . k_n`` depends on positions only through ``m - n``. Channel pair ``i`` (0 <= i < D/2) turns with
+``inv_freq[i] = base ** (-2i / D)``.
+
+Pairing styles (docs/conventions.md):
+
+- ``"half"`` (default; LLaMA, Hugging Face ``rotate_half``): pair ``i`` is ``(x[i], x[i + D/2])``.
+- ``"interleaved"`` (GPT-J, the original RoFormer, Meta's LLaMA checkpoints): pair ``i`` is ``(x[2i], x[2i+1])``.
+
+The two styles give the same model up to a permutation of the q/k projection rows; :func:`convert_rope_layout`
+applies it. Scaling for contexts beyond the trained length is a frozen dataclass (:class:`LinearScaling`,
+:class:`NTKScaling`, :class:`YaRNScaling`) or a Hugging Face style ``rope_scaling``/``rope_parameters`` dict.
+
+Precision: angles, cos/sin and the rotation are computed in float32 (float64 when ``x`` is float64) and the
+result is cast back to ``x.dtype``. float32 angles are exact for positions below 2**24; their error grows like
+``position * eps``, as in every float32 RoPE.
+
+Shape legend: B batch, H heads, L length, D head_dim (even), E = num_heads * head_dim rows of a projection.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
+
+_STYLES = ("half", "interleaved")
+
+
+def _check_number(value: object, name: str, *, low: float, fix: str, low_open: bool = False) -> float:
+    """``value`` as a float after checking it is a finite real number >= ``low`` (> ``low`` if ``low_open``)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise AttnkitTypeError(f"{name} must be a finite number, got {describe(value)}; {fix}")
+    if value < low or (low_open and value == low):
+        raise AttnkitValueError(f"{name} must be {'>' if low_open else '>='} {low}, got {value}; {fix}")
+    return float(value)
+
+
+def _check_int(value: object, name: str, *, low: int, fix: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise AttnkitTypeError(f"{name} must be an int, got {describe(value)}; {fix}")
+    if value < low:
+        raise AttnkitValueError(f"{name} must be >= {low}, got {value}; {fix}")
+    return value
+
+
+# --------------------------------------------------------------------------------------------- scaling configs
+
+
+@dataclass(frozen=True)
+class LinearScaling:
+    """Position interpolation (Chen et al. 2023): angles of position ``p`` are those of ``p / factor``.
+
+    Implemented as ``inv_freq / factor`` (the same product, as Hugging Face's ``"linear"`` rope type does).
+    """
+
+    factor: float
+
+    def __post_init__(self):
+        _check_number(self.factor, "LinearScaling.factor", low=1.0,
+                      fix="use factor = target context length / trained context length (>= 1).")
+
+
+@dataclass(frozen=True)
+class NTKScaling:
+    """NTK-aware scaling (bloc97 2023): a larger base, ``base * factor ** (D / (D - 2))``.
+
+    High frequencies are almost unchanged, the lowest frequency is interpolated by ``factor``. With D == 2 the
+    only frequency is ``base ** 0 == 1`` whatever the base, so the scaling has no effect there.
+    """
+
+    factor: float
+
+    def __post_init__(self):
+        _check_number(self.factor, "NTKScaling.factor", low=1.0,
+                      fix="use factor = target context length / trained context length (>= 1).")
+
+    def effective_base(self, base: float, head_dim: int) -> float:
+        """The NTK-aware base ``base * factor ** (D / (D - 2))`` (``base`` itself when D == 2)."""
+        return base if head_dim == 2 else base * self.factor ** (head_dim / (head_dim - 2))
+
+
+@dataclass(frozen=True)
+class YaRNScaling:
+    """YaRN (Peng et al. 2023), as Hugging Face's ``_compute_yarn_parameters``.
+
+    Pairs that turn more than ``beta_fast`` times over ``original_max_positions`` keep their frequency
+    (extrapolation); pairs that turn fewer than ``beta_slow`` times are interpolated (``inv_freq / factor``);
+    a linear ramp over the pair index blends the two in between. The ramp ends are
+    ``floor``/``ceil`` of ``D * ln(original_max_positions / (2 pi beta)) / (2 ln base)`` when ``truncate``
+    (Hugging Face's default), clamped to ``[0, D - 1]``. cos and sin are multiplied by ``attention_factor``,
+    by default ``0.1 * ln(factor) + 1`` (1 when factor <= 1), which scales every score by its square.
+    """
+
+    factor: float
+    original_max_positions: int
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: float | None = None
+    truncate: bool = True
+
+    def __post_init__(self):
+        _check_number(self.factor, "YaRNScaling.factor", low=1.0,
+                      fix="use factor = target context length / original_max_positions (>= 1).")
+        _check_int(self.original_max_positions, "YaRNScaling.original_max_positions", low=1,
+                   fix="give the context length the model was trained with, e.g. 4096.")
+        _check_number(self.beta_slow, "YaRNScaling.beta_slow", low=0.0, low_open=True,
+                      fix="use the paper's defaults beta_fast=32, beta_slow=1.")
+        _check_number(self.beta_fast, "YaRNScaling.beta_fast", low=0.0, low_open=True,
+                      fix="use the paper's defaults beta_fast=32, beta_slow=1.")
+        if self.beta_fast <= self.beta_slow:
+            raise AttnkitValueError(
+                f"YaRNScaling.beta_fast must be greater than beta_slow, got beta_fast={self.beta_fast}, "
+                f"beta_slow={self.beta_slow}; use the paper's defaults beta_fast=32, beta_slow=1."
+            )
+        if self.attention_factor is not None:
+            _check_number(self.attention_factor, "YaRNScaling.attention_factor", low=0.0, low_open=True,
+                          fix="omit it for the default 0.1 * ln(factor) + 1.")
+
+    @property
+    def mscale(self) -> float:
+        """The factor multiplied into cos and sin."""
+        if self.attention_factor is not None:
+            return float(self.attention_factor)
+        return _yarn_mscale(self.factor)
+
+    def ramp_bounds(self, base: float, head_dim: int) -> tuple[float, float]:
+        """``(low, high)`` pair indices where the ramp from extrapolation to interpolation starts and ends."""
+
+        def correction_dim(num_rotations: float) -> float:
+            return head_dim * math.log(self.original_max_positions / (num_rotations * 2 * math.pi)) / (
+                2 * math.log(base))
+
+        low, high = correction_dim(self.beta_fast), correction_dim(self.beta_slow)
+        if self.truncate:
+            low, high = math.floor(low), math.ceil(high)
+        return max(low, 0), min(high, head_dim - 1)
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+RopeScaling = LinearScaling | NTKScaling | YaRNScaling
+
+_DICT_KEYS = {"type", "rope_type", "factor", "rope_theta", "partial_rotary_factor", "original_max_position_embeddings",
+              "original_max_positions", "beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim",
+              "truncate"}
+
+
+def scaling_from_dict(params: Mapping, base: float) -> RopeScaling | None:
+    """Convert a Hugging Face ``rope_scaling`` / ``rope_parameters`` dict to a scaling dataclass.
+
+    Accepts ``"type"`` or ``"rope_type"`` in ``default``, ``linear``, ``ntk`` (static NTK-aware) and ``yarn``;
+    ``rope_theta``, when present, must equal ``base``. Keys whose value is ``None`` count as absent.
+    """
+    params = {key: value for key, value in params.items() if value is not None}
+    unknown = sorted(set(params) - _DICT_KEYS)
+    if unknown:
+        raise AttnkitValueError(f"scaling dict has unknown keys {unknown}; accepted keys are {sorted(_DICT_KEYS)}.")
+    kind = params.get("rope_type", params.get("type", "default"))
+    theta = params.get("rope_theta")
+    if theta is not None and float(theta) != float(base):
+        raise AttnkitValueError(f"scaling dict has rope_theta={theta} but RoPE was built with base={base}; "
+                                f"pass base={theta} to RoPE.")
+    if params.get("partial_rotary_factor", 1.0) != 1.0:
+        raise AttnkitValueError(
+            f"scaling dict has partial_rotary_factor={params['partial_rotary_factor']}, which attnkit's RoPE does not "
+            "apply; build RoPE(head_dim=int(D * partial_rotary_factor)) and rotate only x[..., :that_dim]."
+        )
+    if kind == "default":
+        return None
+    if "factor" not in params:
+        raise AttnkitValueError(f"scaling dict of type {kind!r} needs a 'factor' key, got {dict(params)}; add e.g. "
+                                "'factor': 4.0.")
+    factor = params["factor"]
+    if kind == "linear":
+        return LinearScaling(factor)
+    if kind == "ntk":
+        return NTKScaling(factor)
+    if kind == "yarn":
+        original = params.get("original_max_position_embeddings", params.get("original_max_positions"))
+        if original is None:
+            raise AttnkitValueError("scaling dict of type 'yarn' needs 'original_max_position_embeddings' (the "
+                                    f"trained context length), got {dict(params)}; add it, e.g. 4096.")
+        attention_factor = params.get("attention_factor")
+        if attention_factor is None and params.get("mscale") and params.get("mscale_all_dim"):
+            # DeepSeek-style: ratio of two mscale curves, exactly as Hugging Face infers it.
+            attention_factor = _yarn_mscale(factor, params["mscale"]) / _yarn_mscale(factor, params["mscale_all_dim"])
+        return YaRNScaling(factor, original, beta_fast=params.get("beta_fast", 32.0),
+                           beta_slow=params.get("beta_slow", 1.0), attention_factor=attention_factor,
+                           truncate=bool(params.get("truncate", True)))
+    raise AttnkitValueError(
+        f"scaling dict has type {kind!r}, which attnkit's RoPE does not implement; use one of 'default', 'linear', "
+        "'ntk' (static NTK-aware) or 'yarn' ('dynamic', 'llama3' and 'longrope' are not supported)."
+    )
+
+
+def _as_scaling(scaling: object, base: float) -> RopeScaling | None:
+    if scaling is None or isinstance(scaling, (LinearScaling, NTKScaling, YaRNScaling)):
+        return scaling
+    if isinstance(scaling, Mapping):
+        return scaling_from_dict(scaling, base)
+    raise AttnkitTypeError(
+        f"scaling must be None, LinearScaling, NTKScaling, YaRNScaling or a rope_scaling dict, got "
+        f"{describe(scaling)}; e.g. scaling=LinearScaling(4.0) or scaling={{'rope_type': 'linear', 'factor': 4.0}}."
+    )
+
+
+def rope_inv_freq(head_dim: int, base: float, scaling: RopeScaling | None = None, *,
+                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None) -> torch.Tensor:
+    """Inverse frequencies ``(D/2,)`` after scaling, computed in float64 and returned in ``dtype``."""
+    if isinstance(scaling, NTKScaling):
+        base = scaling.effective_base(base, head_dim)
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.float64, device=device) / head_dim  # (D/2,)
+    inv_freq = base ** -exponent  # (D/2,)
+    if isinstance(scaling, LinearScaling):
+        inv_freq = inv_freq / scaling.factor
+    elif isinstance(scaling, YaRNScaling):
+        low, high = scaling.ramp_bounds(base, head_dim)
+        high = high + 0.001 if low == high else high  # as HF: avoid a zero-width ramp
+        ramp = ((torch.arange(head_dim // 2, dtype=torch.float64, device=device) - low) / (high - low)).clamp(0, 1)
+        inv_freq = inv_freq / scaling.factor * ramp + inv_freq * (1 - ramp)  # ramp 0: extrapolate, 1: interpolate
+    return inv_freq.to(dtype)
+
+
+# --------------------------------------------------------------------------------------------------- the module
+
+
+class RoPE(nn.Module):
+    """Rotary position embedding for ``x: (B, H, L, D)`` at integer ``positions: (L,)`` or ``(B|1, L)``.
+
+    Args:
+        head_dim: D, even.
+        base: the wavelength base (``rope_theta``), 10000 in the paper, 500000 in LLaMA 3.
+        style: ``"half"`` (default, pairs ``(x[i], x[i + D/2])``) or ``"interleaved"`` (``(x[2i], x[2i+1])``).
+        scaling: None, :class:`LinearScaling`, :class:`NTKScaling`, :class:`YaRNScaling` or a Hugging Face
+            ``rope_scaling`` dict such as ``{"rope_type": "yarn", "factor": 4.0,
+            "original_max_position_embeddings": 4096}``.
+
+    ``inv_freq`` is a non-persistent float32 buffer (rebuilt, not loaded, with a checkpoint). A float64 input
+    uses inverse frequencies recomputed in float64; so does any call after the module was cast to a low
+    precision dtype, so ``model.to(torch.bfloat16)`` does not degrade the angles.
+    """
+
+    inv_freq: torch.Tensor
+
+    def __init__(self, head_dim: int, base: float = 10000.0, style: str = "half", scaling: object = None):
+        super().__init__()
+        _check_int(head_dim, "head_dim", low=2, fix="RoPE rotates channel pairs: use an even head_dim >= 2.")
+        if head_dim % 2:
+            raise AttnkitValueError(f"head_dim must be even for RoPE (it rotates channel pairs), got {head_dim}; "
+                                    "use an even head_dim (e.g. head_dim + 1 with a wider projection).")
+        self.base = _check_number(base, "base", low=1.0, low_open=True, fix="use e.g. base=10000.0 (rope_theta).")
+        if style not in _STYLES:
+            raise AttnkitValueError(f"style must be 'half' or 'interleaved', got {style!r}; 'half' pairs (x[i], "
+                                    "x[i + D/2]) as LLaMA/Hugging Face, 'interleaved' pairs (x[2i], x[2i+1]) as GPT-J.")
+        self.head_dim = head_dim
+        self.style = style
+        self.scaling = _as_scaling(scaling, self.base)
+        self.attention_factor = self.scaling.mscale if isinstance(self.scaling, YaRNScaling) else 1.0
+        self.register_buffer("inv_freq", rope_inv_freq(head_dim, self.base, self.scaling), persistent=False)
+
+    def extra_repr(self) -> str:
+        return f"head_dim={self.head_dim}, base={self.base}, style={self.style!r}, scaling={self.scaling}"
+
+    def _inv_freq(self, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        if self.inv_freq.dtype == dtype and self.inv_freq.device == device:
+            return self.inv_freq
+        return rope_inv_freq(self.head_dim, self.base, self.scaling, dtype=dtype, device=device)
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype = torch.float32) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos and sin ``(B|1, L, D/2)`` of the angles at ``positions`` ``(B|1, L)``, times the attention factor."""
+        inv_freq = self._inv_freq(dtype, positions.device)  # (D/2,)
+        angles = positions.to(dtype)[..., None] * inv_freq  # (B|1, L, D/2)
+        return angles.cos() * self.attention_factor, angles.sin() * self.attention_factor
+
+    def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
+        """Rotate ``x`` ``(B, H, L, D)``; ``positions`` ``(L,)`` or ``(B|1, L)`` int (default ``arange(L)``)."""
+        positions = self._check(x, positions)  # (B|1, L)
+        compute = torch.float64 if x.dtype == torch.float64 else torch.float32
+        cos, sin = self.cos_sin(positions, compute)  # (B|1, L, D/2) each
+        cos, sin = cos[:, None], sin[:, None]  # (B|1, 1, L, D/2)
+        xf = x.to(compute)  # (B, H, L, D)
+        half = self.head_dim // 2
+        if self.style == "half":
+            x1, x2 = xf[..., :half], xf[..., half:]  # (B, H, L, D/2) each
+        else:
+            x1, x2 = xf[..., 0::2], xf[..., 1::2]  # (B, H, L, D/2) each
+        y1, y2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin  # (B, H, L, D/2) each
+        if self.style == "half":
+            out = torch.cat((y1, y2), dim=-1)  # (B, H, L, D)
+        else:
+            out = torch.stack((y1, y2), dim=-1).flatten(-2)  # (B, H, L, D/2, 2) -> (B, H, L, D)
+        return out.to(x.dtype)
+
+    def _check(self, x: object, positions: object) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor) or not x.dtype.is_floating_point:
+            raise AttnkitTypeError(f"x must be a floating-point tensor (B, H, L, D), got {describe(x)}; cast it with "
+                                   ".float() or pass the query/key tensor after projection.")
+        if x.dim() != 4 or x.shape[-1] != self.head_dim:
+            raise AttnkitValueError(
+                f"x must have shape (B, H, L, head_dim={self.head_dim}), got {describe(x)}; reshape projections "
+                "with x.view(B, L, H, D).transpose(1, 2), and build RoPE with the head_dim of x."
+            )
+        B, _, L, _ = x.shape
+        if positions is None:
+            return torch.arange(L, device=x.device)[None]  # (1, L)
+        if not isinstance(positions, torch.Tensor) or positions.dtype.is_floating_point or \
+                positions.dtype.is_complex or positions.dtype == torch.bool:
+            raise AttnkitTypeError(f"positions must be an integer tensor of absolute positions, got "
+                                   f"{describe(positions)}; pass e.g. torch.arange(L) (int64).")
+        if positions.dim() not in (1, 2) or positions.shape[-1] != L or (
+                positions.dim() == 2 and positions.shape[0] not in (1, B)):
+            raise AttnkitValueError(f"positions must have shape ({L},) or ({B}, {L}) to match x {tuple(x.shape)}, got "
+                                    f"{describe(positions)}; give one position per token of x.")
+        if positions.device != x.device:
+            raise AttnkitValueError(f"positions is on {positions.device} but x is on {x.device}; move it with "
+                                    ".to(x.device).")
+        return positions.reshape(-1, L)  # (B|1, L)
+
+
+# ------------------------------------------------------------------------------------------------ layout convert
+
+
+def convert_rope_layout(weight: torch.Tensor, num_heads: int, head_dim: int, to: str = "interleaved") -> torch.Tensor:
+    """Permute the output rows of a q or k projection so a model using the other RoPE style is unchanged.
+
+    ``weight`` is a projection weight ``(num_heads * head_dim, in)`` or bias ``(num_heads * head_dim,)``; for a
+    grouped k projection pass ``num_heads=num_kv_heads``. Within each head:
+
+    - ``to="interleaved"`` (from half): new row ``2i`` is old row ``i``, new row ``2i+1`` is old row ``i + D/2``;
+    - ``to="half"`` (from interleaved): the inverse; this is the permutation Hugging Face applies when it
+      converts Meta's LLaMA checkpoints.
+
+    Rotated q and k are then the same vectors with their channels permuted, so every score ``q . k`` is
+    identical. The two directions round-trip exactly. Returns a new tensor.
+    """
+    if not isinstance(weight, torch.Tensor):
+        raise AttnkitTypeError(f"weight must be a torch.Tensor (a q/k projection weight or bias), got "
+                               f"{describe(weight)}; pass e.g. attn.q_proj.weight.data.")
+    _check_int(num_heads, "num_heads", low=1, fix="pass the number of heads of this projection (num_kv_heads for k).")
+    _check_int(head_dim, "head_dim", low=2, fix="pass the per-head dimension D (even).")
+    if head_dim % 2:
+        raise AttnkitValueError(f"head_dim must be even for RoPE, got {head_dim}; pass the per-head dimension D.")
+    if to not in _STYLES:
+        raise AttnkitValueError(f"to must be 'half' or 'interleaved', got {to!r}; name the style the converted "
+                                "weight will be used with.")
+    rows = num_heads * head_dim
+    if weight.dim() not in (1, 2) or weight.shape[0] != rows:
+        raise AttnkitValueError(
+            f"weight must have shape ({rows}, in) or ({rows},) = (num_heads * head_dim, ...), got {describe(weight)}; "
+            "check num_heads/head_dim (use num_kv_heads for a grouped k projection)."
+        )
+    rest = tuple(weight.shape[1:])
+    if to == "interleaved":
+        grouped = weight.reshape(num_heads, 2, head_dim // 2, *rest)  # (H, 2, D/2, ...): [h, half, i]
+    else:
+        grouped = weight.reshape(num_heads, head_dim // 2, 2, *rest)  # (H, D/2, 2, ...): [h, i, pair member]
+    return grouped.transpose(1, 2).reshape(rows, *rest).clone()  # (H*D, ...)

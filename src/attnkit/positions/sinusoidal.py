@@ -1,0 +1,59 @@
+"""Sinusoidal absolute position embeddings (Vaswani et al. 2017), computed on the fly for any position.
+
+``PE[p, 2i] = sin(p / base ** (2i / E))`` and ``PE[p, 2i + 1] = cos(p / base ** (2i / E))``: sin on even
+channels, cos on odd channels, interleaved as in the paper (fairseq and tensor2tensor concatenate
+``[sin | cos]`` instead; the two differ by a fixed channel permutation).
+
+An odd ``embed_dim`` is allowed: the formula defines every channel, so channel ``E - 1`` (even) is a sin with
+the ``2i = E - 1`` frequency and there is one more sin than cos channel.
+
+Angles are computed in float64 (float32 on devices without float64, such as MPS) and the output is float32,
+so large positions keep full float32 accuracy. There is no maximum length.
+
+Shape legend: B batch, L length, E embed_dim.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
+
+
+class Sinusoidal(nn.Module):
+    """Fixed sinusoidal embeddings: ``forward(positions (L,) | (B, L)) -> (L, E) | (B, L, E)`` float32."""
+
+    def __init__(self, embed_dim: int, base: float = 10000.0):
+        super().__init__()
+        if isinstance(embed_dim, bool) or not isinstance(embed_dim, int):
+            raise AttnkitTypeError(f"embed_dim must be an int, got {describe(embed_dim)}; pass the model width E.")
+        if embed_dim < 1:
+            raise AttnkitValueError(f"embed_dim must be >= 1, got {embed_dim}; pass the model width E.")
+        if isinstance(base, bool) or not isinstance(base, (int, float)) or not math.isfinite(base) or base <= 0:
+            raise AttnkitValueError(f"base must be a finite number > 0, got {describe(base)}; use the paper's "
+                                    "base=10000.0.")
+        self.embed_dim = embed_dim
+        self.base = float(base)
+
+    def extra_repr(self) -> str:
+        return f"embed_dim={self.embed_dim}, base={self.base}"
+
+    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+        if not isinstance(positions, torch.Tensor) or positions.dtype.is_floating_point or \
+                positions.dtype.is_complex or positions.dtype == torch.bool:
+            raise AttnkitTypeError(f"positions must be an integer tensor, got {describe(positions)}; pass e.g. "
+                                   "torch.arange(L) (int64).")
+        if positions.dim() not in (1, 2):
+            raise AttnkitValueError(f"positions must have shape (L,) or (B, L), got {describe(positions)}; pass one "
+                                    "position per token.")
+        device = positions.device
+        compute = torch.float32 if device.type == "mps" else torch.float64
+        exponent = torch.arange(0, self.embed_dim, 2, dtype=compute, device=device) / self.embed_dim  # (ceil(E/2),)
+        angles = positions.to(compute)[..., None] * self.base ** -exponent  # (..., L, ceil(E/2))
+        out = torch.empty(*positions.shape, self.embed_dim, dtype=compute, device=device)  # (..., L, E)
+        out[..., 0::2] = angles.sin()  # (..., L, ceil(E/2))
+        out[..., 1::2] = angles[..., : self.embed_dim // 2].cos()  # (..., L, floor(E/2))
+        return out.float()
