@@ -5,6 +5,7 @@ Shape legend: B batch, H query heads, Hkv key/value heads (H % Hkv == 0), Lq/Lk 
 
 from __future__ import annotations
 
+from attnkit._hooks import OBSERVERS
 from attnkit._validation import build_call
 from attnkit.backends.registry import Explanation, explain_call, select
 
@@ -30,7 +31,11 @@ def attention(q, k, v, mask=None, *, bias=None, scale=None, softcap=None, dropou
     """
     call = build_call(q, k, v, mask, bias=bias, scale=scale, softcap=softcap, dropout_p=dropout_p,
                       q_positions=q_positions, kv_positions=kv_positions, return_weights=return_weights)
-    return select(call, backend)(call)
+    result = select(call, backend)(call)
+    if OBSERVERS:  # diagnostics capture; free when nobody listens
+        for observe in list(OBSERVERS):
+            observe(call, result)
+    return result
 
 
 def explain(q, k, v, mask=None, *, bias=None, scale=None, softcap=None, dropout_p=0.0,

@@ -1,0 +1,109 @@
+"""What every benchmark suite shares: side-by-side timing, peak memory, the machine's matmul peak, and
+recording results as JSON with the machine, versions and command.
+
+Timings are medians over rounds in which the contenders run in a fresh random order, so machine noise and
+cache pollution hit all of them alike; read ratios, not absolute numbers, on shared machines.
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+RESULTS_DIR = Path("benchmarks") / "results"
+
+
+def sync(device: torch.device | str | None = None) -> None:
+    """Wait for queued device work (CUDA) so wall-clock timings are honest."""
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def round_robin(fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 2,
+                device: torch.device | str | None = None, seed: int = 0) -> dict[str, float]:
+    """Median seconds per contender; each round runs every contender once in a random order."""
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    sync(device)
+    order, rng = list(fns), random.Random(seed)
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        rng.shuffle(order)
+        for name in order:
+            start = time.perf_counter()
+            fns[name]()
+            sync(device)
+            times[name].append(time.perf_counter() - start)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
+def peak_memory_bytes(fn: Callable[[], object], device: torch.device | str | None = None) -> int:
+    """Peak memory allocated while ``fn`` runs: CUDA allocator stats on GPU; on CPU the peak of tensor
+    allocations and frees recorded by PyTorch's profiler (tensor memory only)."""
+    if device is not None and torch.device(device).type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        fn()
+        torch.cuda.synchronize(device)
+        return torch.cuda.max_memory_allocated(device) - base
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    current = peak = 0
+    for event in sorted(prof.events(), key=lambda e: e.time_range.start):
+        # ops report what they allocated themselves; "[memory]" events report frees (negative)
+        current += event.cpu_memory_usage if event.name == "[memory]" else event.self_cpu_memory_usage
+        peak = max(peak, current)
+    return peak
+
+
+def matmul_peak_gflops(dtype: torch.dtype = torch.float32, n: int = 1024, repeats: int = 5,
+                       device: torch.device | str = "cpu") -> dict[str, float]:
+    """Achieved GFLOP/s of ``torch.mm`` and of ``F.linear`` (oneDNN on CPU) on n x n matrices, measured now."""
+    a = torch.randn(n, n, dtype=dtype, device=device)
+    b = torch.randn(n, n, dtype=dtype, device=device)
+    t = round_robin({"mm": lambda: torch.mm(a, b), "linear": lambda: torch.nn.functional.linear(a, b)},
+                    repeats, device=device)
+    flops = 2 * n**3
+    return {name: flops / seconds / 1e9 for name, seconds in t.items()}
+
+
+def machine_info() -> dict:
+    info = {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
+            "threads": torch.get_num_threads(), "cpu_capability": torch.backends.cpu.get_cpu_capability()}
+    if torch.cuda.is_available():
+        info["cuda_device"] = torch.cuda.get_device_name(0)
+    return info
+
+
+def versions() -> dict:
+    import attnkit
+
+    out = {"python": sys.version.split()[0], "torch": torch.__version__, "attnkit": attnkit.__version__}
+    try:
+        import transformers
+
+        out["transformers"] = transformers.__version__
+    except ImportError:
+        pass
+    return out
+
+
+def write_results(name: str, payload: dict, results_dir: Path | str = RESULTS_DIR) -> Path:
+    """Write ``{results_dir}/{name}.json`` with machine, versions and the command line added."""
+    path = Path(results_dir) / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    record = {"benchmark": name, "command": " ".join(["attnkit"] + sys.argv[1:]) if sys.argv else "",
+              "machine": machine_info(), "versions": versions(), **payload}
+    path.write_text(json.dumps(record, indent=2))
+    return path

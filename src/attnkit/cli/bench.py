@@ -1,0 +1,29 @@
+"""``attnkit bench <suite>``: benchmark suites from ``attnkit.bench.<suite>``.
+
+Each suite module exposes ``add_arguments(parser)`` and ``run(args) -> int``; suites whose module is not
+present are not listed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+
+SUITES = {
+    "attention": "attention speed and memory for every mask kind vs SDPA, naive, nn.MultiheadAttention, flex",
+    "decode": "tokens/s of cached decoding vs Hugging Face transformers and no cache",
+    "train": "tokens/s of a training step vs a plain reference GPT",
+    "linear": "linear attention vs softmax attention: time, memory, crossover, decode cost",
+}
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("bench", help="run a benchmark suite and record results under benchmarks/results/")
+    suites = p.add_subparsers(dest="suite", required=True)
+    for name, help_text in SUITES.items():
+        if importlib.util.find_spec(f"attnkit.bench.{name}") is None:
+            continue
+        module = importlib.import_module(f"attnkit.bench.{name}")
+        sp = suites.add_parser(name, help=help_text)
+        module.add_arguments(sp)
+        sp.set_defaults(run=module.run)
