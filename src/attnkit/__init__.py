@@ -9,9 +9,13 @@ sdpa
 
 from attnkit import backends, errors, masks, nn, positions
 from attnkit.backends import attention, explain
+from attnkit.functional.linear import LinearState, linear_attention
 from attnkit.functional.reference import reference_attention
 
 __version__ = "0.1.0"
 
-__all__ = ["attention", "explain", "reference_attention", "masks", "positions", "backends", "errors", "nn"]
+__all__ = [
+    "attention", "explain", "reference_attention", "linear_attention", "LinearState",
+    "masks", "positions", "backends", "errors", "nn",
+]
 

@@ -1,0 +1,1 @@
+"""Models built from attnkit modules: the TransformerLM, its presets, and generation."""
