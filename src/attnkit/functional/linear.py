@@ -84,17 +84,17 @@ def _state_of(fk, v) -> LinearState:
     return LinearState(fk.transpose(-2, -1) @ v, fk.sum(-2), fk.shape[-2])  # (B, Hkv, D, Dv), (B, Hkv, D)
 
 
-def _read(fq, state: LinearState, group: int):
+def _read(fq, state: LinearState):
     """Numerator ``(B, H, L, Dv)`` and denominator ``(B, H, L, 1)`` of queries against a state."""
-    kv = state.kv.repeat_interleave(group, dim=1)  # (B, H, D, Dv)
-    k_sum = state.k_sum.repeat_interleave(group, dim=1)  # (B, H, D)
-    return fq @ kv, (fq @ k_sum.unsqueeze(-1))
+    H = fq.shape[1]
+    kv, k_sum = expand_kv(state.kv, H), expand_kv(state.k_sum.unsqueeze(-1), H)  # (B, H, D, Dv), (B, H, D, 1)
+    return fq @ kv, fq @ k_sum
 
 
 def _chunked(fq, fk, v, state: LinearState, chunk: int, eps: float):
     """Causal linear attention in chunks of ``chunk`` tokens, starting from ``state``; returns (out, state)."""
     B, H, L, D = fq.shape
-    Hkv, Dv, G = fk.shape[1], v.shape[-1], fq.shape[1] // fk.shape[1]
+    Hkv, Dv = fk.shape[1], v.shape[-1]
     n = -(-L // chunk)  # number of chunks
     pad = n * chunk - L
     if pad:  # zero features add nothing to sums; the padded queries are dropped at the end
@@ -108,8 +108,8 @@ def _chunked(fq, fk, v, state: LinearState, chunk: int, eps: float):
     # rather than subtracted so that later chunks can't touch earlier ones, not even by rounding)
     prev_kv = torch.cat([state.kv.unsqueeze(2), chunk_kv[:, :, :-1]], dim=2).cumsum(2)  # (B, Hkv, N, D, Dv)
     prev_ksum = torch.cat([state.k_sum.unsqueeze(2), chunk_ksum[:, :, :-1]], dim=2).cumsum(2)  # (B, Hkv, N, D)
-    inter_num = cq @ prev_kv.repeat_interleave(G, dim=1)  # (B, H, N, C, Dv)
-    inter_den = cq @ prev_ksum.repeat_interleave(G, dim=1).unsqueeze(-1)  # (B, H, N, C, 1)
+    inter_num = cq @ expand_kv(prev_kv, H)  # (B, H, N, C, Dv)
+    inter_den = cq @ expand_kv(prev_ksum, H).unsqueeze(-1)  # (B, H, N, C, 1)
     intra = (cq @ expand_kv(ck.flatten(2, 3), H).view(B, H, n, chunk, D).transpose(-2, -1)).tril()  # (B, H, N, C, C)
     intra_num = intra @ expand_kv(cv.flatten(2, 3), H).view(B, H, n, chunk, Dv)  # (B, H, N, C, Dv)
     out = (inter_num + intra_num) / (inter_den + intra.sum(-1, keepdim=True) + eps)
@@ -121,13 +121,12 @@ def _chunked(fq, fk, v, state: LinearState, chunk: int, eps: float):
 
 def _recurrent(fq, fk, v, state: LinearState, eps: float):
     """Token by token from ``state``: the decoding form. Returns (out, state)."""
-    G = fq.shape[1] // fk.shape[1]
     kv, k_sum, outs = state.kv, state.k_sum, []
     for t in range(fq.shape[2]):
         k_t, v_t = fk[:, :, t], v[:, :, t]  # (B, Hkv, D), (B, Hkv, Dv)
         kv = kv + k_t.unsqueeze(-1) * v_t.unsqueeze(-2)  # (B, Hkv, D, Dv)
         k_sum = k_sum + k_t
-        num, den = _read(fq[:, :, t:t + 1], LinearState(kv, k_sum), G)  # (B, H, 1, Dv), (B, H, 1, 1)
+        num, den = _read(fq[:, :, t:t + 1], LinearState(kv, k_sum))  # (B, H, 1, Dv), (B, H, 1, 1)
         outs.append(num / (den + eps))
     out = torch.cat(outs, dim=2) if outs else fq.new_zeros(*fq.shape[:3], v.shape[-1])  # (B, H, L, Dv)
     return out, LinearState(kv, k_sum, state.length + fq.shape[2])
@@ -172,7 +171,6 @@ def linear_attention(q, k, v, *, feature_map: str | Callable = "elu1", causal: b
         raise AttnkitTypeError(f"key_is_real must be a bool tensor of shape ({B}, {L}) (True = real token), got "
                                f"{describe(key_is_real)}.")
     fq, fk, fv = _features(q, k, v, phi, key_is_real)
-    G = H // k.shape[1]
     if state is None:
         state = LinearState.zeros(B, k.shape[1], k.shape[3], v.shape[3], dtype=fq.dtype, device=q.device)
     elif state.kv.shape != (B, k.shape[1], k.shape[3], v.shape[3]):
@@ -183,10 +181,10 @@ def linear_attention(q, k, v, *, feature_map: str | Callable = "elu1", causal: b
 
     if not causal:
         summary = _state_of(fk, fv)
-        num, den = _read(fq, summary, G)
+        num, den = _read(fq, summary)
         out, final = num / (den + eps), None
     elif mode == "parallel":
-        num, den = _read(fq, state, G)  # contribution of earlier tokens (zero for a fresh state)
+        num, den = _read(fq, state)  # contribution of earlier tokens (zero for a fresh state)
         scores = (fq @ expand_kv(fk, H).transpose(-2, -1)).tril()  # (B, H, L, L)
         out = (num + scores @ expand_kv(fv, H)) / (den + scores.sum(-1, keepdim=True) + eps)
         new = _state_of(fk, fv)

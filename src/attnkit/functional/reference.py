@@ -35,7 +35,8 @@ def safe_softmax(scores: torch.Tensor) -> torch.Tensor:
 
 def expand_kv(t: torch.Tensor, num_heads: int) -> torch.Tensor:
     """Repeat KV heads for GQA: ``(B, Hkv, Lk, D) -> (B, H, Lk, D)``; query head h reads KV head h // G."""
-    return t.repeat_interleave(num_heads // t.shape[1], dim=1)  # (B, H, Lk, D)
+    group = num_heads // t.shape[1]
+    return t if group == 1 else t.repeat_interleave(group, dim=1)  # (B, H, Lk, D)
 
 
 def scores_of(call: AttentionCall) -> torch.Tensor:
