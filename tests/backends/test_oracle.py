@@ -1,6 +1,11 @@
 """Every backend against the float64 reference (DESIGN.md 2x/3x rule), outputs and gradients.
 
 A backend that can't serve a case must refuse it with reasons when forced; it may never return a wrong answer.
+
+The grid is shaped to stay fast with many backends: every mask on every shape in float32; the low-precision
+dtypes on two shapes; options on the masks they interact with; block edges (1, 63, 64, 65, 127, 129, 1000)
+with the masks whose tiles change there. flex runs its own few small tests (test_flex.py): on CPU it has no
+backward and compiles for seconds per shape.
 """
 
 from __future__ import annotations
@@ -67,21 +72,40 @@ EXTRAS = {
                                           "q_positions": torch.arange(Lk - Lq, Lk) + 100},
 }
 
-BACKENDS = ak.backends.available()
-DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+BACKENDS = [b for b in ak.backends.available() if b != "flex"]
+LOW_DTYPES = [torch.bfloat16, torch.float16]
+LOW_SHAPES = ["gqa-65-d59", "mqa-63x129"]
+SHAPE_BY_ID = dict(zip(SHAPE_IDS, SHAPES))
+
+# block edges: (B, H, Hkv, L, L, D) with every length where tiles of 64 start, end or straddle
+EDGE_LENGTHS = [1, 63, 64, 65, 127, 129, 1000]
+EDGE_MASKS = {
+    "window_longer_than_seq": lambda B, Lq, Lk, g: M.sliding_window(Lk + 7),
+    "window70": lambda B, Lq, Lk, g: M.sliding_window(70),
+    "docs_of_length_1": lambda B, Lq, Lk, g: M.document(_short_docs(B, Lk)) & M.causal(),
+    "empty_rows": MASKS["empty_rows"],
+    "strided_causal": lambda B, Lq, Lk, g: M.causal() & M.strided(5),
+    "pad_lengths": MASKS["pad_lengths"],
+}
+
+
+def _short_docs(B, Lk):
+    """Documents of lengths 1, 2, 1, 67, 1, 130, ... (many of length 1, some across tile edges)."""
+    sizes = torch.tensor([1, 2, 1, 67, 1, 130] * (Lk // 202 + 1))
+    return torch.repeat_interleave(torch.arange(sizes.numel()), sizes)[:Lk].expand(B, -1)  # (B, Lk)
 
 
 def _to(kwargs, dtype):
     return {k: (v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in kwargs.items()}
 
 
-def check_backend(backend, dtype, shape, mask_name, extra_name, seed=0):
+def check_backend(backend, dtype, shape, mask_name, extra_name, seed=0, masks=MASKS, zero_q_grad=False):
     B, H, Hkv, Lq, Lk, D = shape
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, H, Lq, D, generator=g).to(dtype)
     k = torch.randn(B, Hkv, Lk, D, generator=g).to(dtype)
     v = torch.randn(B, Hkv, Lk, D, generator=g).to(dtype)
-    mask = MASKS[mask_name](B, Lq, Lk, g)
+    mask = masks[mask_name](B, Lq, Lk, g)
     kwargs = EXTRAS[extra_name](B, H, Lq, Lk, g)
 
     reasons = ak.backends.get(backend).supports(build_call(q, k, v, mask, **kwargs))
@@ -99,22 +123,42 @@ def check_backend(backend, dtype, shape, mask_name, extra_name, seed=0):
     assert out.dtype == dtype
     assert_within_rule(out, ref, gold, what=f"{backend} output")
     for name, got, r, gg in zip("qkv", grads, ref_grads, gold_grads):
+        if name == "q" and zero_q_grad:  # exactly 0 in exact arithmetic: a rounding-level bound, not the rule
+            scale = float(v.abs().max()) * float(ref.abs().max() + 1)
+            assert float(got.abs().max()) <= 16 * torch.finfo(dtype).eps * scale, f"{backend} grad q not ~0"
+            continue
         assert_within_rule(got, r, gg, factor=3.0, what=f"{backend} grad {name}")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
 @pytest.mark.parametrize("mask_name", list(MASKS))
-def test_masks_against_reference(backend, dtype, shape, mask_name):
-    check_backend(backend, dtype, shape, mask_name, "plain")
+def test_masks_against_reference(backend, shape, mask_name):
+    check_backend(backend, torch.float32, shape, mask_name, "plain")
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("dtype", DTYPES, ids=str)
-@pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
+@pytest.mark.parametrize("dtype", LOW_DTYPES, ids=str)
+@pytest.mark.parametrize("shape_id", LOW_SHAPES)
+@pytest.mark.parametrize("mask_name", list(MASKS))
+def test_masks_low_precision(backend, dtype, shape_id, mask_name):
+    check_backend(backend, dtype, SHAPE_BY_ID[shape_id], mask_name, "plain")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape_id", ["mha-7", "gqa-65-d59", "mqa-63x129", "decode-1x127"])
 @pytest.mark.parametrize("mask_name", ["none", "causal", "window5", "document_causal"])
 @pytest.mark.parametrize("extra_name", [e for e in EXTRAS if e != "plain"])
-def test_options_against_reference(backend, dtype, shape, mask_name, extra_name):
-    check_backend(backend, dtype, shape, mask_name, extra_name)
+def test_options_against_reference(backend, dtype, shape_id, mask_name, extra_name):
+    check_backend(backend, dtype, SHAPE_BY_ID[shape_id], mask_name, extra_name)
 
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("length", EDGE_LENGTHS)
+@pytest.mark.parametrize("mask_name", list(EDGE_MASKS))
+def test_block_edges(backend, length, mask_name):
+    shape = (1, 2, 1, length, length, 16) if length > 200 else (2, 4, 2, length, length, 8)
+    # with one key (length 1) the softmax is constant, so grad q is 0 up to rounding: the 2x rule's floor
+    # (relative to |golden| = 0) is below one rounding step of the kernels' backward there
+    check_backend(backend, torch.float32, shape, mask_name, "plain", masks=EDGE_MASKS, zero_q_grad=length == 1)

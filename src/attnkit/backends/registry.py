@@ -1,18 +1,36 @@
-"""The backend registry and the router: ``select`` picks the fastest backend that can serve a call,
-``explain`` says why each other one can't.
+"""The backend registry and the router: ``select`` picks the backend for a call, ``explain`` says why.
 
-Backends are kept fastest-first; ``math`` (the reference path) serves everything and comes last.
+``backend="auto"`` ranks the backends for each call (:func:`route`) by device, mask kind, sequence length,
+need for gradients and for weights, then takes the first that can serve it:
+
+- weights asked for: ``math`` (the only backend that returns them);
+- no mask, or a plain causal mask SDPA can flag (``is_causal``), or short sequences: ``sdpa`` (one fused
+  kernel; a dense mask of a short call costs little);
+- a structured mask or bias (window, documents, strided, padding, global tokens, ALiBi) on long sequences:
+  ``flex`` on CUDA (forward and backward), and on CPU for inference when compiling is allowed
+  (``ak.backends.flex.allow_cpu_compile()``); otherwise ``blocksparse`` (any device, with backward);
+- everything else: ``sdpa``, then ``math``, which serves every request.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
+
+from attnkit._bias import StructuredBias
 from attnkit._validation import AttentionCall
 from attnkit.backends.base import Backend
+from attnkit.backends.blocksparse import BlockSparseBackend
+from attnkit.backends.flex import FlexBackend, cpu_compile_allowed
 from attnkit.backends.math import MathBackend
 from attnkit.backends.sdpa import SDPABackend
 from attnkit.errors import AttnkitValueError, BackendUnsupportedError
+from attnkit.masks import Causal, MaskSpec
+
+#: from this many keys (and ``SPARSE_MIN_QUERIES`` queries) a structured mask goes to a block-skipping backend
+SPARSE_MIN_KEYS = 4096  # below, one SDPA call with a dense mask was as fast or faster in our runs
+SPARSE_MIN_QUERIES = 128
 
 _REGISTRY: dict[str, Backend] = {}
 
@@ -24,7 +42,7 @@ def register(backend: Backend) -> None:
         _REGISTRY["math"] = _REGISTRY.pop("math")
 
 
-for _backend in (SDPABackend(), MathBackend()):
+for _backend in (SDPABackend(), BlockSparseBackend(), FlexBackend(), MathBackend()):
     register(_backend)
 
 
@@ -50,9 +68,11 @@ class Explanation:
     chosen: str
     plan: str
     reasons: dict[str, list[str]] = field(default_factory=dict)
+    why: list[str] = field(default_factory=list)  # why the router ranked the chosen backend first
 
     def __str__(self) -> str:
         lines = [f"backend: {self.chosen} - {self.plan}"]
+        lines += [f"  why: {w}" for w in self.why]
         for name, why in self.reasons.items():
             if name == self.chosen:
                 continue
@@ -60,13 +80,52 @@ class Explanation:
         return "\n".join(lines)
 
 
+def _structured(call: AttentionCall) -> str | None:
+    """What in the call a block-skipping backend can exploit (None when SDPA's own form is already best)."""
+    if isinstance(call.bias, StructuredBias):
+        return f"structured bias {type(call.bias).__name__}"
+    if isinstance(call.bias, torch.Tensor):
+        return None  # a dense bias is already Lq x Lk: SDPA
+    if isinstance(call.mask, MaskSpec) and not (isinstance(call.mask, Causal) and call.default_positions
+                                                and call.q_len in (1, call.kv_len)):
+        return f"mask {call.mask!r}"
+    return None
+
+
+def route(call: AttentionCall) -> tuple[list[str], list[str]]:
+    """Backend names in the order ``auto`` tries them for this call, and the reasons for that order."""
+    device, why = call.q.device.type, []
+    if call.return_weights:
+        return ["math"], ["return_weights=True: only math returns the probabilities"]
+    structured = _structured(call)
+    long = call.kv_len >= SPARSE_MIN_KEYS and call.q_len >= SPARSE_MIN_QUERIES
+    if structured is None:
+        why.append("no mask, a causal mask SDPA can flag, or a dense tensor: one fused SDPA kernel")
+        return ["sdpa", "blocksparse", "flex", "math"], why
+    if not long:
+        why.append(f"{structured}, but short (Lq={call.q_len}, Lk={call.kv_len} < {SPARSE_MIN_QUERIES}/"
+                   f"{SPARSE_MIN_KEYS}): a dense mask costs little, one SDPA call")
+        return ["sdpa", "blocksparse", "flex", "math"], why
+    flex_ok = device == "cuda" or (device == "cpu" and not call.needs_grad and cpu_compile_allowed())
+    if flex_ok:
+        why.append(f"{structured} on {call.kv_len} keys: flex skips empty blocks"
+                   + (" (CPU inference, compiling allowed)" if device == "cpu" else ""))
+        return ["flex", "blocksparse", "sdpa", "math"], why
+    why.append(f"{structured} on {call.kv_len} keys: blocksparse computes only reachable key blocks"
+               + (" (flex on CPU: no backward" + ("" if call.needs_grad else ", compiling not allowed") + ")"
+                  if device == "cpu" else ""))
+    return ["blocksparse", "sdpa", "math"], why
+
+
 def select(call: AttentionCall, backend: str = "auto") -> Backend:
-    """The backend that will serve ``call``: the first capable one for 'auto', else the named one."""
+    """The backend that will serve ``call``: the first capable one in :func:`route`'s order for 'auto',
+    else the named one."""
     if backend == "auto":
-        for b in _REGISTRY.values():
-            if not reasons_against(b, call):
+        for name in route(call)[0]:
+            b = _REGISTRY.get(name)
+            if b is not None and not reasons_against(b, call):
                 return b
-        raise BackendUnsupportedError("no backend can serve this call", [])  # math serves all: unreachable
+        return _REGISTRY["math"]  # math serves every request
     chosen = get(backend)
     why = reasons_against(chosen, call)
     if why:
@@ -83,4 +142,5 @@ def explain_call(call: AttentionCall, backend: str = "auto") -> Explanation:
         if reasons[backend]:
             return Explanation(backend, "can't serve this call: " + "; ".join(reasons[backend]), reasons)
     chosen = select(call, backend)
-    return Explanation(chosen.name, chosen.plan(call), reasons)
+    why = route(call)[1] if backend == "auto" else [f"backend={backend!r} asked for"]
+    return Explanation(chosen.name, chosen.plan(call), reasons, why)

@@ -1,0 +1,137 @@
+"""The ``flex`` backend: ``torch.nn.attention.flex_attention`` built from attnkit's own mask and bias functions.
+
+The bound mask ``fn(b, h, q_idx, kv_idx)`` (:meth:`MaskSpec.bind`) is flex's ``mask_mod``; softcap and a
+structured bias (ALiBi's ``score(h, q_pos, kv_pos)``) form the ``score_mod``. flex is imported lazily and
+compiled on first use (never at import); the compiled function is shared and torch.compile caches one
+kernel per shape, and block masks are cached per mask object and shape.
+
+On CPU flex has no backward and compiling costs seconds, so the router sends CPU calls here only for
+inference when compiling is allowed (:func:`allow_cpu_compile` or ``ATTNKIT_FLEX_CPU=1``). It never runs
+a CPU call that needs gradients: one failed call with ``requires_grad=True`` slows the compiled function
+for the rest of the process (DESIGN.md).
+
+Shape legend: B batch, H query heads, Hkv key/value heads, Lq/Lk lengths, D head dim.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+
+import torch
+
+from attnkit._bias import StructuredBias
+from attnkit._validation import AttentionCall
+from attnkit.masks import Dense, MaskSpec
+from attnkit.masks.dense import context_for
+
+_STATE: dict = {"compiled": None, "cpu_compile": None}
+_BLOCK_MASKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # mask -> {(B, Lq, Lk, device): BlockMask}
+
+
+def allow_cpu_compile(enabled: bool = True) -> None:
+    """Let ``backend='auto'`` use flex (compiled) for CPU inference. Default: ``ATTNKIT_FLEX_CPU=1`` or off."""
+    _STATE["cpu_compile"] = bool(enabled)
+
+
+def cpu_compile_allowed() -> bool:
+    if _STATE["cpu_compile"] is not None:
+        return _STATE["cpu_compile"]
+    return os.environ.get("ATTNKIT_FLEX_CPU", "") == "1"
+
+
+def _flex_module():
+    try:
+        from torch.nn.attention import flex_attention as module
+    except ImportError:
+        return None
+    return module
+
+
+def _compiled():
+    if _STATE["compiled"] is None:
+        _STATE["compiled"] = torch.compile(_flex_module().flex_attention, dynamic=False)
+    return _STATE["compiled"]
+
+
+class FlexBackend:
+    name = "flex"
+
+    def available(self) -> list[str]:
+        return [] if _flex_module() is not None else ["this torch has no torch.nn.attention.flex_attention"]
+
+    def supports(self, call: AttentionCall) -> list[str]:
+        reasons = []
+        if call.return_weights:
+            reasons.append("flex does not return attention weights (use backend='math')")
+        if call.dropout_p > 0:
+            reasons.append("flex has no attention dropout")
+        if isinstance(call.bias, torch.Tensor):
+            reasons.append("flex serves structured biases (ALiBi), not dense float bias tensors (use sdpa)")
+        device = call.q.device.type
+        if device == "cpu" and call.needs_grad:
+            reasons.append("flex has no backward pass on CPU (run under torch.no_grad(), or use blocksparse)")
+        if device == "cpu" and call.q.dtype == torch.float16:
+            reasons.append("flex on CPU has no float16 kernel")
+        if device not in ("cpu", "cuda"):
+            reasons.append(f"flex runs on cpu and cuda, not {device}")
+        return reasons
+
+    def plan(self, call: AttentionCall) -> str:
+        how = "compiled flex_attention: mask_mod from the mask, skips empty blocks"
+        if call.bias is not None or call.softcap is not None:
+            how += "; score_mod applies " + " and ".join(
+                n for n, on in (("softcap", call.softcap is not None), ("the bias", call.bias is not None)) if on)
+        if call.q.device.type == "cpu":
+            how += " (CPU: compiles on first call per shape, seconds)"
+        return how
+
+    def __call__(self, call: AttentionCall) -> torch.Tensor:
+        return _compiled()(call.q, call.k, call.v, score_mod=score_mod_for(call), block_mask=block_mask_for(call),
+                           scale=call.scale, enable_gqa=call.num_kv_heads != call.num_heads)  # (B, H, Lq, Dv)
+
+
+def mask_mod_for(call: AttentionCall):
+    """flex ``mask_mod(b, h, q_idx, kv_idx)`` of the call's mask (None when there is no mask)."""
+    mask = Dense(call.mask) if isinstance(call.mask, torch.Tensor) else call.mask
+    if mask is None:
+        return None
+    return mask.bind(context_for(mask, *call.positions(), batch=call.batch))
+
+
+def block_mask_for(call: AttentionCall):
+    """The flex BlockMask of the call, cached per mask object and shape when positions are the defaults."""
+    mod = mask_mod_for(call)
+    if mod is None:
+        return None
+    mask = call.mask
+    key = (call.batch, call.q_len, call.kv_len, str(call.q.device))
+    cacheable = isinstance(mask, MaskSpec) and call.default_positions
+    if cacheable and key in _BLOCK_MASKS.get(mask, {}):
+        return _BLOCK_MASKS[mask][key]
+    batch = call.batch if (getattr(mask, "batch", 1) > 1 or not call.default_positions) else None
+    heads = call.num_heads if getattr(mask, "heads", 1) > 1 else None
+    block_mask = _flex_module().create_block_mask(mod, batch, heads, call.q_len, call.kv_len,
+                                                  device=call.q.device)
+    if cacheable:
+        _BLOCK_MASKS.setdefault(mask, {})[key] = block_mask
+    return block_mask
+
+
+def score_mod_for(call: AttentionCall):
+    """flex ``score_mod``: softcap, then the bias (DESIGN score order), or None."""
+    cap, bias = call.softcap, call.bias
+    if cap is None and bias is None:
+        return None
+    q_pos, kv_pos = call.positions()
+
+    def score_mod(score, b, h, q_idx, kv_idx):
+        if cap is not None:
+            score = cap * torch.tanh(score / cap)
+        if isinstance(bias, StructuredBias):
+            qb = b if q_pos.shape[0] > 1 else torch.zeros_like(b)
+            kb = b if kv_pos.shape[0] > 1 else torch.zeros_like(b)
+            score = score + bias.score(h, q_pos[qb, q_idx], kv_pos[kb, kv_idx]).to(score.dtype)
+        return score
+
+    return score_mod

@@ -1,0 +1,116 @@
+"""blocksparse: plans skip what the mask excludes (cost follows the unmasked entries), small tiles against the
+reference, and no Lq x Lk tensor for structured masks and ALiBi. Not timed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_oracle import MASKS
+
+import attnkit as ak
+from attnkit._bias import StructuredBias
+from attnkit._validation import build_call
+from attnkit.backends import block_plan
+from attnkit.backends.blocksparse import make_plans
+from attnkit.masks import blocks
+from attnkit.masks.dense import context_for
+from oracle import assert_within_rule, run_with_grads
+
+M = ak.masks
+# masks whose diagonal tiles are full (not causal) on tile-aligned documents: they must never run as causal
+SMALL_TILE_MASKS = {
+    **MASKS,
+    "aligned_docs_bidirectional": lambda B, Lq, Lk, g: M.document(torch.arange(Lk)[None].expand(B, -1) // 8),
+    "aligned_docs_window": lambda B, Lq, Lk, g: M.document(torch.arange(Lk)[None] // 16) & M.sliding_window(12),
+}
+
+
+def _plan(mask, L, Lq=None, bias=None):
+    q = torch.empty(1, 2, Lq or L, 8)
+    k = torch.empty(1, 2, L, 8)
+    return make_plans(build_call(q, k, k, mask, bias=bias))[0]
+
+
+def test_window_plan_grows_linearly_and_is_stacked():
+    for n in (4096, 16384):
+        plan = _plan(M.sliding_window(256), n)
+        assert plan.density() < 2.2 * 512 / n  # ~ (256 + tile slack) keys per query, not n
+        assert len(plan.groups()) <= 4  # equal pieces share one kernel call
+
+
+def test_documents_are_causal_squares_in_one_call():
+    docs = torch.arange(16384)[None] // 2048  # 8 documents of 2048
+    plan = _plan(M.document(docs) & M.causal(), 16384)
+    assert [(p.lq, p.mode) for p in plan.pieces] == [(2048, "causal")] * 8
+    assert len(plan.groups()) == 1
+
+
+def test_strided_is_regrouped_by_residue():
+    plan = _plan(M.causal() & M.strided(64), 8192)
+    assert plan.q_perm is not None
+    assert {p.mode for p in plan.pieces} == {"causal"} and len(plan.groups()) == 1
+    assert plan.density() <= 1 / 64
+
+
+def test_cover_is_sound_against_the_dense_mask():
+    """Tiles marked empty hold no allowed entry; tiles marked full hold no masked one (every mask kind)."""
+    g = torch.Generator().manual_seed(0)
+    Lq, L, bs = 37, 70, 8  # queries are the last 37 keys: tile edges of queries and keys do not line up
+    for name, make in MASKS.items():
+        mask = make(2, Lq, L, g)
+        if mask is None or isinstance(mask, torch.Tensor):
+            mask = M.dense(mask) if mask is not None else M.causal()
+        ctx = context_for(mask, Lq, L, batch=2)
+        grid = blocks.BlockGrid(ctx, torch.arange(2), torch.arange(Lq), torch.arange(L), bs, bs)
+        cov = blocks.cover(mask, grid)
+        dense = mask.to_dense(Lq, L, batch=2)  # (2, H, Lq, L)
+        has_any = torch.nn.functional.pad(dense.any(1).any(0).to(torch.int8), (0, 2, 0, 3))  # (40, 72) whole tiles
+        has_any = has_any.view(5, bs, 9, bs).amax(dim=(1, 3)).bool()
+        assert not (has_any & ~cov.any).any(), f"{name}: a tile marked empty holds allowed entries"
+        every = dense.all(1).all(0)
+        every = torch.nn.functional.pad(every.to(torch.int8), (0, 2, 0, 3), value=1).view(5, bs, 9, bs)
+        assert not (cov.full & ~every.amin(dim=(1, 3)).bool()).any(), f"{name}: a tile marked full has masked entries"
+
+
+@pytest.mark.parametrize("mask_name", list(SMALL_TILE_MASKS))
+@pytest.mark.parametrize("bias", [False, True])
+def test_small_tiles_against_reference(monkeypatch, mask_name, bias):
+    """Tiles of 8 make every plan multi-tile at small sizes: runs, merges, stacking and empty pieces."""
+    monkeypatch.setattr(block_plan, "BLOCK", 8)
+    monkeypatch.setattr(block_plan, "MIN_PIECE", 16)
+    monkeypatch.setattr(block_plan, "MAX_PIECE", 32)
+    g = torch.Generator().manual_seed(1)
+    B, H, Hkv, L, D = 2, 4, 2, 61, 16
+    q, k, v = torch.randn(B, H, L, D, generator=g), torch.randn(B, Hkv, L, D, generator=g), torch.randn(B, Hkv, L, D, generator=g)
+    mask = SMALL_TILE_MASKS[mask_name](B, L, L, g)
+    kwargs = {"bias": ak.positions.ALiBi(H)} if bias else {}
+    out, grads = run_with_grads(lambda q, k, v: ak.attention(q, k, v, mask, backend="blocksparse", **kwargs), [q, k, v])
+    ref, ref_grads = run_with_grads(lambda q, k, v: ak.reference_attention(q, k, v, mask, **kwargs), [q, k, v])
+    gold, gold_grads = run_with_grads(lambda q, k, v: ak.reference_attention(q, k, v, mask, **kwargs),
+                                      [q.double(), k.double(), v.double()])
+    assert_within_rule(out, ref, gold)
+    for got, r, gg in zip(grads, ref_grads, gold_grads):
+        assert_within_rule(got, r, gg, factor=3.0, what="grad")
+
+
+def test_alibi_and_masks_never_build_an_lq_by_lk_tensor(monkeypatch):
+    """ALiBi is evaluated per piece from positions; no mask or bias tensor reaches Lq x Lk."""
+    def no_materialize(self, *args):
+        raise AssertionError("ALiBi materialised densely")
+
+    monkeypatch.setattr(StructuredBias, "materialize", no_materialize)
+    monkeypatch.setattr(ak.positions.ALiBi, "materialize", no_materialize)
+    L = 1536
+    largest = []
+    original = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kw):
+        if attn_mask is not None:
+            largest.append(attn_mask.shape[-2] * attn_mask.shape[-1])
+        return original(q, k, v, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    q = k = v = torch.randn(1, 2, L, 8)
+    ak.attention(q, k, v, M.causal(), bias=ak.positions.ALiBi(2), backend="blocksparse")
+    ak.attention(q, k, v, M.sliding_window(64) | M.global_tokens([0]), backend="blocksparse")
+    assert largest and max(largest) <= block_plan.MAX_PIECE * L < L * L
