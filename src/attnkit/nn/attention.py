@@ -31,8 +31,14 @@ class MultiHeadAttention(nn.Module):
         init_std: if set, all projection weights are drawn from normal(0, init_std) (GPT style: 0.02) and
             biases zeroed; ``None`` keeps PyTorch's default ``nn.Linear`` init.
 
-    ``forward(x (B, L, E), mask=None, *, positions=None, return_weights=False) -> (B, L, E)``
-    (and weights ``(B, H, L, L)`` when asked).
+    ``forward(x (B, L, E), mask=None, *, positions=None, cache=None, return_weights=False) -> (B, L, E)``
+    (and weights ``(B, H, L, Lk)`` when asked).
+
+    With ``cache`` (an :mod:`attnkit.cache` cache, or any object with ``update(k, v, positions)``), the
+    new tokens' k and v (after RoPE, Hkv heads) go through ``cache.update`` and attention runs over every key
+    it returns, at the absolute positions it returns: one code path for prefill, chunked prefill and
+    decoding. ``positions`` (absolute, ``(B|1, L)``) is then required and the mask must be causal; it is
+    evaluated on absolute positions (bottom-right), never on "the last L columns".
     """
 
     def __init__(self, embed_dim: int, num_heads: int, *, num_kv_heads: int | None = None,
@@ -73,16 +79,25 @@ class MultiHeadAttention(nn.Module):
             q, k = self.rope(q, pos), self.rope(k, pos)
         return q, k, v
 
-    def forward(self, x: torch.Tensor, mask=None, *, positions: torch.Tensor | None = None,
+    def forward(self, x: torch.Tensor, mask=None, *, positions: torch.Tensor | None = None, cache=None,
                 return_weights: bool = False):
         if not isinstance(x, torch.Tensor) or x.dim() != 3 or x.shape[-1] != self.embed_dim:
             raise AttnkitValueError(f"x must have shape (B, L, embed_dim={self.embed_dim}), got {describe(x)}; "
                                     "attnkit modules are batch-first.")
         B, L, _ = x.shape
         positions = check_positions(positions, "positions", B, L, x.device)  # (B|1, L) or None
+        if cache is not None:
+            _check_cache_call(cache, mask, positions)
         q, k, v = self.project(x, positions)
+        q_positions = kv_positions = positions
+        if cache is not None:
+            k, v, kv_positions = cache.update(k, v, positions)  # (B, Hkv, Lk, D) x2, (B|1, Lk)
+            if L == 1 and hasattr(cache, "decode_mask"):
+                mask = cache.decode_mask(mask)  # None when the newest query sees every returned key
+                if mask is None and self.alibi is None:
+                    q_positions = kv_positions = None  # no mask, no bias: positions are not needed any more
         result = attention(q, k, v, mask, bias=self.alibi, dropout_p=self.dropout if self.training else 0.0,
-                           q_positions=positions, kv_positions=positions, backend=self.backend,
+                           q_positions=q_positions, kv_positions=kv_positions, backend=self.backend,
                            return_weights=return_weights)
         out, weights = result if return_weights else (result, None)
         out = out.transpose(1, 2).reshape(B, L, self.num_heads * self.head_dim)  # (B, L, H*D)
@@ -110,6 +125,17 @@ class MultiHeadAttention(nn.Module):
         pos = "rope" if self.rope is not None else "alibi" if self.alibi is not None else None
         return (f"embed_dim={self.embed_dim}, num_heads={self.num_heads}, num_kv_heads={self.num_kv_heads}, "
                 f"head_dim={self.head_dim}, dropout={self.dropout}, positions={pos}, backend={self.backend!r}")
+
+
+def _check_cache_call(cache, mask, positions) -> None:
+    if not callable(getattr(cache, "update", None)):
+        raise AttnkitTypeError(f"cache must be a KV cache with update(k, v, positions) (attnkit.cache.make_cache), "
+                               f"got {describe(cache)}; build one per layer with model.new_cache(batch_size).")
+    if positions is None:
+        raise AttnkitValueError("positions must be given with cache=: pass the absolute positions (B|1, L) of the new "
+                                "tokens, e.g. torch.arange(n_cached, n_cached + L)[None].")
+    if hasattr(cache, "check_mask"):
+        cache.check_mask(mask)
 
 
 def _check_shape_args(embed_dim, num_heads, num_kv_heads, head_dim) -> None:

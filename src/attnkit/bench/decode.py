@@ -1,0 +1,324 @@
+"""``attnkit bench decode``: tokens/s of cached generation for a GPT-2-shaped decoder, against Hugging Face
+transformers' ``GPT2LMHeadModel`` of the same shape and weights (eager and sdpa attention, its default cache)
+and against attnkit without a cache, side by side in one process; plus ms/token against context length with
+the sliding-window cache.
+
+Reported: tokens/s (end to end: prefill + decode, greedy, no early stop), the ratio to the best transformers
+setting, and the fraction of the memory-bandwidth bound: a decode step must read every weight once, so it
+cannot take less than ``weight bytes / bandwidth`` (bandwidth measured in the same run, a STREAM-style copy);
+also the fraction of the FLOP bound (2 FLOPs per weight per token against ``F.linear``'s measured peak).
+
+Shape legend: B batch, P prompt length, N new tokens, E width, V vocab.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import attnkit as ak
+from attnkit.bench.common import RESULTS_DIR, matmul_peak_gflops, round_robin, write_results
+from attnkit.cache import make_cache
+from attnkit.models.generation import generate, padding_by_position, stream_generate
+
+
+class GPT2Block(nn.Module):
+    def __init__(self, dim: int, heads: int, positions: str | None):
+        super().__init__()
+        self.ln_1, self.ln_2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
+        self.attn = ak.nn.MultiHeadAttention(dim, heads, positions=positions)
+        self.fc, self.proj = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
+
+    def forward(self, x, mask, positions, cache):
+        x = x + self.attn(self.ln_1(x), mask, positions=positions, cache=cache)
+        return x + self.proj(F.gelu(self.fc(self.ln_2(x)), approximate="tanh"))
+
+
+class GPT2Decoder(nn.Module):
+    """GPT-2 (pre-norm, learned positions, tied head) from attnkit modules; implements the decoder protocol.
+
+    ``positions="rope"`` replaces the learned table (for contexts beyond ``max_positions``); ``window`` makes
+    every layer a sliding window of that many keys.
+    """
+
+    def __init__(self, vocab: int = 8192, dim: int = 512, layers: int = 4, heads: int = 8, max_positions: int = 1024,
+                 positions: str = "learned", window: int | None = None):
+        super().__init__()
+        self.heads, self.window = heads, window
+        self.wte = nn.Embedding(vocab, dim)
+        self.wpe = nn.Embedding(max_positions, dim) if positions == "learned" else None
+        self.blocks = nn.ModuleList([GPT2Block(dim, heads, None if positions == "learned" else positions)
+                                     for _ in range(layers)])
+        self.ln_f = nn.LayerNorm(dim)
+        self.mask = ak.masks.sliding_window(window) if window else ak.masks.causal()
+
+    def forward(self, tokens, *, positions=None, cache=None, key_is_real=None):
+        B, L = tokens.shape
+        positions = torch.arange(L, device=tokens.device)[None] if positions is None else positions  # (B|1, L)
+        x = self.wte(tokens)  # (B, L, E)
+        if self.wpe is not None:
+            x = x + self.wpe(positions.clamp(min=0))  # left pads sit at negative positions
+        mask = self.mask if key_is_real is None else self.mask & padding_by_position(key_is_real, positions)
+        for i, block in enumerate(self.blocks):
+            x = block(x, mask, positions, None if cache is None else cache[i])
+        return F.linear(self.ln_f(x), self.wte.weight)  # (B, L, V), tied head
+
+    def new_cache(self, batch_size, *, kind="dynamic", max_length=None):
+        w, attn = self.wte.weight, self.blocks[0].attn
+        return [make_cache(kind, batch_size, attn.num_kv_heads, attn.head_dim, max_length=max_length,
+                           window=self.window, dtype=w.dtype, device=w.device) for _ in self.blocks]
+
+    @classmethod
+    def from_hf(cls, hf) -> GPT2Decoder:
+        """Copy the weights of a transformers ``GPT2LMHeadModel`` (its Conv1D weights are stored (in, out))."""
+        c = hf.config
+        model = cls(c.vocab_size, c.n_embd, c.n_layer, c.n_head, c.n_positions)
+        with torch.no_grad():
+            model.wte.weight.copy_(hf.transformer.wte.weight)
+            model.wpe.weight.copy_(hf.transformer.wpe.weight)
+            model.ln_f.load_state_dict(hf.transformer.ln_f.state_dict())
+            for ours, theirs in zip(model.blocks, hf.transformer.h):
+                ours.ln_1.load_state_dict(theirs.ln_1.state_dict())
+                ours.ln_2.load_state_dict(theirs.ln_2.state_dict())
+                for linear, conv in ((ours.attn.qkv_proj, theirs.attn.c_attn), (ours.attn.out_proj, theirs.attn.c_proj),
+                                     (ours.fc, theirs.mlp.c_fc), (ours.proj, theirs.mlp.c_proj)):
+                    linear.weight.copy_(conv.weight.t())  # Conv1D (in, out) -> Linear (out, in)
+                    linear.bias.copy_(conv.bias)
+        return model.eval()
+
+
+def hf_gpt2(vocab: int, dim: int, layers: int, heads: int, attn_implementation: str, max_positions: int = 1024):
+    """A randomly initialised transformers GPT2LMHeadModel of this shape (eval mode)."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(vocab_size=vocab, n_embd=dim, n_layer=layers, n_head=heads, n_positions=max_positions,
+                        bos_token_id=None, eos_token_id=None, attn_implementation=attn_implementation)
+    return GPT2LMHeadModel(config).eval()
+
+
+def copy_bandwidth_gbs(mib: int = 256, repeats: int = 5) -> float:
+    """STREAM-style copy bandwidth: (bytes read + bytes written) / time, medians."""
+    src = torch.randn(mib * 2**20 // 4)
+    dst = torch.empty_like(src)
+    t = round_robin({"copy": lambda: dst.copy_(src)}, repeats)["copy"]
+    return 2 * src.numel() * 4 / t / 1e9
+
+
+def read_bandwidth_gbs(mib: int = 256, repeats: int = 5) -> float:
+    """Read-only bandwidth: bytes read by a sum over a large tensor / time, medians."""
+    src = torch.randn(mib * 2**20 // 4)
+    t = round_robin({"read": lambda: src.sum()}, repeats)["read"]
+    return src.numel() * 4 / t / 1e9
+
+
+def weight_matvec_ms(model: GPT2Decoder, batch: int, repeats: int = 5) -> float:
+    """ms per decode step of the model's weight matrix-vector products alone (every Linear and the tied head
+    on ``batch`` rows, back to back): the floor any decoder of this shape pays on this machine."""
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    xs = {m.in_features: torch.randn(batch, 1, m.in_features) for m in linears}  # (B, 1, in)
+    head_x = torch.randn(batch, 1, model.wte.weight.shape[1])  # (B, 1, E)
+
+    def chain():
+        for m in linears:
+            m(xs[m.in_features])
+        F.linear(head_x, model.wte.weight)
+
+    with torch.inference_mode():
+        return 1e3 * round_robin({"chain": chain}, repeats * 10)["chain"]
+
+
+def weight_bytes(model: GPT2Decoder) -> int:
+    """Bytes a decode step must read: every parameter once (the tied head/embedding once), except the
+    position table, of which it reads one row."""
+    skip = set() if model.wpe is None else {id(model.wpe.weight)}
+    return sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in skip)
+
+
+def _hf_generate(model, prompt, new_tokens):
+    with torch.inference_mode():
+        return model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=new_tokens,
+                              min_new_tokens=new_tokens, do_sample=False, pad_token_id=0)
+
+
+def _nocache_generate(model, prompt, new_tokens):
+    """Greedy decoding that recomputes the full forward for every new token (no cache)."""
+    tokens = prompt
+    with torch.inference_mode():
+        for _ in range(new_tokens):
+            nxt = model(tokens)[:, -1].argmax(-1, keepdim=True)  # (B, 1)
+            tokens = torch.cat([tokens, nxt], dim=1)
+    return tokens
+
+
+class CompiledGreedy:
+    """Greedy decoding with a static cache whose decode step is ``torch.compile``d (one graph for every step;
+    the prefill runs eager). The caches are reused (``reset``) across calls so the graph is reused too."""
+
+    def __init__(self, model: GPT2Decoder, batch: int, max_length: int):
+        self.model, self.caches = model, model.new_cache(batch, kind="static", max_length=max_length)
+        self.step = torch.compile(lambda t, p: model(t, positions=p, cache=self.caches), dynamic=False)
+
+    def __call__(self, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
+        B, P = prompt.shape
+        for cache in self.caches:
+            cache.reset()
+        with torch.inference_mode():
+            logits = self.model(prompt, positions=torch.arange(P)[None], cache=self.caches)  # (B, P, V)
+            tok = logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
+            out = [tok]
+            for i in range(new_tokens - 1):
+                tok = self.step(tok, torch.tensor([[P + i]]))[:, -1].argmax(-1, keepdim=True)  # (B, 1)
+                out.append(tok)
+        return torch.cat(out, dim=1)  # (B, N)
+
+
+def bench_case(hf_models, ours, batch, prompt_len, new_tokens, nocache_tokens, repeats, vocab, compiled=True):
+    prompt = torch.randint(0, vocab, (batch, prompt_len))
+    prompts = prompt.tolist()
+    fns = {f"hf_{name}": (lambda m=m: _hf_generate(m, prompt, new_tokens)) for name, m in hf_models.items()}
+    for kind in ("dynamic", "static"):
+        fns[f"attnkit_{kind}"] = lambda kind=kind: generate(ours, prompts, max_new_tokens=new_tokens, cache=kind)
+    # the same greedy tokens from both libraries (same weights): a check that the race is fair
+    want = _hf_generate(hf_models["sdpa"], prompt, 8)[:, prompt_len:].tolist()
+    same = generate(ours, prompts, max_new_tokens=8) == want
+    if compiled:
+        run_compiled = CompiledGreedy(ours, batch, prompt_len + new_tokens)
+        start = time.perf_counter()
+        same = same and run_compiled(prompt, 8).tolist() == want
+        compile_s = time.perf_counter() - start
+        fns["attnkit_static_compiled"] = lambda: run_compiled(prompt, new_tokens)
+    t = round_robin(fns, repeats, warmup=1)
+    t_nc = round_robin({"attnkit_nocache": lambda: _nocache_generate(ours, prompt, nocache_tokens)}, 1, warmup=0)
+    rows = {name: {"seconds": s, "tokens_per_s": batch * new_tokens / s, "ms_per_step": 1e3 * s / new_tokens}
+            for name, s in t.items()}
+    rows["attnkit_nocache"] = {"seconds": t_nc["attnkit_nocache"], "new_tokens": nocache_tokens,
+                               "tokens_per_s": batch * nocache_tokens / t_nc["attnkit_nocache"],
+                               "ms_per_step": 1e3 * t_nc["attnkit_nocache"] / nocache_tokens}
+    if compiled:
+        rows["attnkit_static_compiled"]["compile_seconds"] = compile_s
+    return rows, same
+
+
+def sliding_curve(dim, layers, heads, vocab, window, contexts, repeats=1):
+    """ms per decoded token against context length: sliding-window cache vs dynamic cache (full causal)."""
+    contexts = [c for c in contexts if c > 33]  # the prompt is 32 tokens
+    max_ctx = max(contexts)
+    out = {}
+    for name, kwargs, kind in (("sliding", {"window": window}, "sliding"), ("dynamic_full_causal", {}, "dynamic")):
+        torch.manual_seed(0)
+        model = GPT2Decoder(vocab, dim, layers, heads, positions="rope", **kwargs).eval()
+        prompt = [torch.randint(0, vocab, (32,)).tolist()]
+        best = None
+        for _ in range(repeats):
+            stamps = []
+            for _row, _tok in stream_generate(model, prompt, max_new_tokens=max_ctx - 32, cache=kind):
+                stamps.append(time.perf_counter())
+            steps = torch.tensor(stamps, dtype=torch.float64).diff() * 1e3  # (max_ctx - 33,) ms; step i at context 33 + i
+            best = steps if best is None else torch.minimum(best, steps)
+        # median over the (up to) 64 steps ending at context c
+        out[name] = {str(c): float(best[max(0, c - 33 - 63):c - 32].median()) for c in contexts}
+    return out
+
+
+def plot(curve: dict, path, window: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for name, points in curve.items():
+        xs = [int(c) for c in points]
+        ax.plot(xs, [1e3 / points[c] for c in points], marker="o", label=name.replace("_", " "))
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("tokens / s (batch 1)")
+    ax.set_xscale("log", base=2)
+    ax.set_title(f"decode speed: sliding-window cache (W={window}) vs dynamic")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--layers", type=int, default=4)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--dim", type=int, default=512)
+    parser.add_argument("--vocab", type=int, default=8192)
+    parser.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--prompts", type=int, nargs="+", default=[32, 512])
+    parser.add_argument("--new-tokens", type=int, default=256)
+    parser.add_argument("--nocache-tokens", type=int, default=32, help="new tokens for the (slow) no-cache contender")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--window", type=int, default=256)
+    parser.add_argument("--contexts", type=int, nargs="+", default=[64, 128, 256, 512, 1024, 2048, 4096])
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile'd static-cache contender")
+    parser.add_argument("--out", default=str(RESULTS_DIR))
+
+
+def run(args) -> int:
+    torch.manual_seed(0)
+    shape = (args.vocab, args.dim, args.layers, args.heads)
+    hf_models = {impl: hf_gpt2(*shape, impl) for impl in ("eager", "sdpa")}
+    hf_models["eager"].load_state_dict(hf_models["sdpa"].state_dict())
+    ours = GPT2Decoder.from_hf(hf_models["sdpa"])
+    bandwidth = copy_bandwidth_gbs()
+    wbytes = weight_bytes(ours)
+    bound_ms = 1e3 * wbytes / (bandwidth * 1e9)
+    read_bw = read_bandwidth_gbs()
+    read_bound_ms = 1e3 * wbytes / (read_bw * 1e9)
+    peak = matmul_peak_gflops()["linear"]  # GFLOP/s of F.linear (oneDNN), measured now
+    flops_per_token = 2 * wbytes / 4  # one multiply-add per fp32 weight
+    print(f"copy bandwidth {bandwidth:.1f} GB/s; weights {wbytes / 1e6:.1f} MB -> bound {bound_ms:.2f} ms per step; "
+          f"linear peak {peak:.0f} GFLOP/s; read bandwidth {read_bw:.1f} GB/s -> bound {read_bound_ms:.2f} ms")
+    cases = []
+    for batch in args.batches:
+        for prompt_len in args.prompts:
+            rows, same = bench_case(hf_models, ours, batch, prompt_len, args.new_tokens, args.nocache_tokens,
+                                    args.repeats, args.vocab, compiled=not args.no_compile)
+            best_hf = max(rows["hf_eager"]["tokens_per_s"], rows["hf_sdpa"]["tokens_per_s"])
+            floor_ms = weight_matvec_ms(ours, batch)
+            for r in rows.values():
+                r["vs_best_hf"] = r["tokens_per_s"] / best_hf
+                r["fraction_of_bandwidth_bound"] = bound_ms / r["ms_per_step"]
+                r["fraction_of_read_bandwidth_bound"] = read_bound_ms / r["ms_per_step"]
+                r["fraction_of_matvec_floor"] = floor_ms / r["ms_per_step"]
+                r["fraction_of_flop_bound"] = batch * flops_per_token / (r["ms_per_step"] * 1e-3) / (peak * 1e9)
+            cases.append({"batch": batch, "prompt": prompt_len, "same_greedy_tokens_as_hf": same,
+                          "weight_matvec_floor_ms_per_step": floor_ms, "contenders": rows})
+            print(f"B={batch} P={prompt_len} (same tokens as HF: {same}; weight matvecs alone {floor_ms:.2f} ms/step)")
+            for name, r in rows.items():
+                print(f"  {name:24s} {r['tokens_per_s']:8.1f} tok/s  {r['ms_per_step']:6.2f} ms/step  "
+                      f"x{r['vs_best_hf']:.2f} vs best HF  {100 * r['fraction_of_bandwidth_bound']:5.1f}% of bound")
+    curve = sliding_curve(args.dim, args.layers, args.heads, args.vocab, args.window, args.contexts)
+    for name, points in curve.items():
+        print(f"  {name:20s} " + "  ".join(f"{c}: {ms:.2f} ms" for c, ms in points.items()))
+    out_dir = __import__("pathlib").Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    plot(curve, out_dir / "decode_sliding.png", args.window)
+    path = write_results("decode", {
+        "config": {"vocab": args.vocab, "dim": args.dim, "layers": args.layers, "heads": args.heads,
+                   "new_tokens": args.new_tokens, "nocache_tokens": args.nocache_tokens, "repeats": args.repeats,
+                   "dtype": "float32", "sampling": "greedy, no stop tokens"},
+        "copy_bandwidth_gbs": bandwidth, "weight_bytes": wbytes, "bandwidth_bound_ms_per_step": bound_ms,
+        "read_bandwidth_gbs": read_bw, "read_bandwidth_bound_ms_per_step": read_bound_ms,
+        "linear_peak_gflops": peak, "weight_flops_per_token": flops_per_token,
+        "cases": cases, "sliding_window": {"window": args.window, "ms_per_token_vs_context": curve,
+                                           "plot": str(out_dir / "decode_sliding.png")},
+        "notes": "Medians of round-robin runs on a shared 2-core machine (started when the 1-minute load was "
+                 "< 1.3; other engineers' jobs may have run during it); read ratios. tokens/s counts B x new tokens "
+                 "over prefill + decode. The no-cache contender generates only nocache_tokens tokens (one run). "
+                 "The copy bandwidth is STREAM-style (read + write bytes); weight reads in a matrix-vector chain run "
+                 "faster than it, so fraction_of_bandwidth_bound can exceed 1; fraction_of_read_bandwidth_bound uses "
+                 "the read-only bandwidth. weight_matvec_floor_ms_per_step times the model's Linear/head "
+                 "matrix-vector products alone, back to back (part of the 67 MB may stay in cache); "
+                 "fraction_of_matvec_floor = that floor / ms per step. attnkit_static_compiled: prefill eager, "
+                 "decode step torch.compile'd (inductor, one graph), compile time excluded (compile_seconds).",
+    }, out_dir)
+    print(f"wrote {path}")
+    return 0

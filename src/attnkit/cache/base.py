@@ -1,0 +1,189 @@
+"""The KV-cache protocol and what every attnkit cache shares: input checks, position bookkeeping and the
+mask rules that make cached decoding equal to the full forward.
+
+A cache stores keys and values ``(B, Hkv, Lnew, D)`` of new tokens together with their absolute positions
+``(B|1, Lnew)``, and returns every key the new queries may need with the absolute position of each. Masks are
+then evaluated on those positions (bottom-right causality, windows, padding), never on "the last n columns",
+so slot order, ring wrap-around and left padding cannot shift a mask.
+
+Rules enforced by every attnkit cache (typed errors, nothing silently dropped):
+
+- tensors match the cache: batch B, Hkv heads (GQA caches store Hkv heads, not H), head dim D, dtype, device;
+- positions continue the cached sequence row by row: each update's positions are consecutive and start one
+  after the last cached position of that row (so a token fed twice, skipped or out of order is an error);
+- a cache that is full says so (:class:`CacheFullError`) instead of dropping keys.
+
+Shape legend: B batch, Hkv key/value heads, W window, Lnew new tokens, Lk returned keys, D head dim.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
+from attnkit.masks import And, Causal, MaskSpec, SlidingWindow
+
+#: position of an empty slot in a fixed-shape cache: later than any query, so every causal mask hides it
+EMPTY_POSITION = 2**62
+
+
+class CacheFullError(AttnkitValueError):
+    """A cache with a fixed capacity was asked to store more tokens than it holds."""
+
+
+@runtime_checkable
+class KVCache(Protocol):
+    """What :class:`attnkit.nn.MultiHeadAttention` needs from a cache."""
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor
+               ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Store new keys/values ``(B, Hkv, Lnew, D)`` at absolute positions ``(B|1, Lnew)`` int64; return ALL
+        keys and values the new queries may need ``(B, Hkv, Lk, D)`` and their positions ``(B|1, Lk)``."""
+        ...
+
+
+def _conjuncts(mask: object) -> list[object]:
+    """The top-level ``&`` parts of a mask (the mask itself when it is not an ``And``)."""
+    if type(mask) is And:
+        return [part for p in mask.parts for part in _conjuncts(p)]
+    return [mask]
+
+
+class CacheBase:
+    """Shared state and checks of the attnkit caches. Subclasses implement ``_store``.
+
+    Args:
+        batch_size: B. num_kv_heads: Hkv. head_dim: D. dtype/device: of the stored tensors.
+    """
+
+    kind = "base"
+
+    def __init__(self, batch_size: int, num_kv_heads: int, head_dim: int, *, dtype: torch.dtype = torch.float32,
+                 device: torch.device | str | None = None):
+        for name, value in (("batch_size", batch_size), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
+            _positive_int(value, name)
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise AttnkitTypeError(f"dtype must be a floating-point torch.dtype, got {describe(dtype)}; pass the "
+                                   "model's dtype, e.g. dtype=next(model.parameters()).dtype.")
+        self.batch_size, self.num_kv_heads, self.head_dim = batch_size, num_kv_heads, head_dim
+        self.dtype, self.device = dtype, torch.device(device if device is not None else "cpu")
+        self._length = 0
+        self._next: torch.Tensor | None = None  # (B, 1) next expected position per row
+
+    # ------------------------------------------------------------------ the protocol
+    def update(self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor):
+        positions = self._check(k, v, positions)  # (B|1, Lnew) int64
+        out = self._store(k, v, positions)
+        self._advance(k.shape[2])
+        if self._next is None:
+            self._next = positions[:, -1:].expand(self.batch_size, 1) + 1  # (B, 1)
+        else:
+            self._next = self._next + k.shape[2]  # the positions were checked to continue from it
+        return out
+
+    @property
+    def length(self) -> int:
+        """Tokens stored so far per row (columns of the batch, left padding included)."""
+        return self._length
+
+    def _advance(self, n: int) -> None:
+        self._length += n
+
+    def _store(self, k, v, positions):
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ mask rules (used by MultiHeadAttention)
+    def check_mask(self, mask: object) -> None:
+        """Raise unless ``mask`` keeps cached decoding equal to the full forward: it must be causal (a
+        ``causal()`` or ``sliding_window(W)`` among its ``&`` parts), or later tokens would be visible in the
+        full forward but absent from the cache (and empty slots of fixed-shape caches would be visible)."""
+        if not any(isinstance(p, (Causal, SlidingWindow)) for p in _conjuncts(mask)):
+            raise AttnkitValueError(
+                f"with a KV cache the mask must be causal, got mask={mask!r}; pass ak.masks.causal() (or "
+                "sliding_window(W)), combined with & for padding, e.g. causal() & padding(key_is_real).")
+
+    def decode_mask(self, mask: MaskSpec | None) -> MaskSpec | None:
+        """The mask a single newest query still needs after the last update: ``None`` when the cache
+        guarantees that every key it returned is visible to that query under ``mask``."""
+        return mask
+
+    # ------------------------------------------------------------------ checks
+    def _check(self, k: object, v: object, positions: object) -> torch.Tensor:
+        for name, t in (("k", k), ("v", v)):
+            if not isinstance(t, torch.Tensor):
+                raise AttnkitTypeError(f"{name} must be a torch.Tensor (B, Hkv, Lnew, D), got {describe(t)}.")
+            want = (self.batch_size, self.num_kv_heads, t.shape[2] if t.dim() == 4 else "Lnew", self.head_dim)
+            if t.dim() != 4 or t.shape[0] != self.batch_size or t.shape[1] != self.num_kv_heads \
+                    or t.shape[3] != self.head_dim:
+                raise AttnkitValueError(
+                    f"{name} must have shape (B={self.batch_size}, Hkv={self.num_kv_heads}, Lnew, D={self.head_dim}) "
+                    f"for this {self.kind} cache, got {describe(t)}; GQA caches store the Hkv key/value heads (not H), "
+                    f"and the cache must be built for this batch and head_dim (expected {want}).")
+            if t.dtype != self.dtype:
+                raise AttnkitTypeError(f"{name} has dtype {t.dtype} but the cache stores {self.dtype}; build the cache "
+                                       f"with dtype={t.dtype} (the model's dtype).")
+            if t.device != self.device:
+                raise AttnkitValueError(f"{name} is on {t.device} but the cache is on {self.device}; build the cache "
+                                        f"with device={t.device}.")
+        if k.shape != v.shape:
+            raise AttnkitValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape.")
+        n = k.shape[2]
+        if n == 0:
+            raise AttnkitValueError("update got Lnew=0 new tokens; call the cache with at least one token.")
+        if not isinstance(positions, torch.Tensor) or positions.dtype.is_floating_point or \
+                positions.dtype == torch.bool or positions.dtype.is_complex:
+            raise AttnkitTypeError(f"positions must be an int64 tensor (B|1, Lnew) of absolute positions, got "
+                                   f"{describe(positions)}; pass e.g. torch.arange(start, start + Lnew)[None].")
+        if positions.dim() != 2 or positions.shape[1] != n or positions.shape[0] not in (1, self.batch_size):
+            raise AttnkitValueError(f"positions must have shape (1, {n}) or ({self.batch_size}, {n}) for k "
+                                    f"{tuple(k.shape)}, got {describe(positions)}; give one position per new token.")
+        if positions.device != self.device:
+            raise AttnkitValueError(f"positions is on {positions.device} but the cache is on {self.device}; move it.")
+        positions = positions.long()
+        if torch.compiler.is_compiling():
+            return positions  # value checks need a host sync; eager calls check them
+        if self._next is None:
+            steps = torch.arange(n, device=positions.device)  # (Lnew,)
+            if n > 1 and not torch.equal(positions - positions[:, :1], steps.expand_as(positions)):
+                raise AttnkitValueError(f"positions must be consecutive within an update, got {_rows(positions)}; "
+                                        "feed tokens in order, one position per token.")
+        else:
+            expected = self._next if n == 1 else self._next + torch.arange(n, device=positions.device)  # (B, Lnew)
+            if not torch.equal(positions.expand_as(expected), expected):
+                raise AttnkitValueError(
+                    f"positions must continue the cached sequence: expected {_rows(expected)} (one after the last "
+                    f"cached position of each row), got {_rows(positions)}. Feed every token once, in order; start a "
+                    "new cache (or cache.reset()) for a new sequence.")
+        return positions
+
+    def reset(self) -> None:
+        """Forget every stored token (buffers are kept and overwritten)."""
+        self._length, self._next = 0, None
+        self._reset()
+
+    def _reset(self) -> None:
+        pass
+
+    def memory_bytes(self) -> int:
+        """Bytes held by the cache's stored tensors."""
+        return sum(t.numel() * t.element_size() for t in self._buffers())
+
+    def _buffers(self) -> list[torch.Tensor]:
+        return []
+
+    def __repr__(self) -> str:
+        return (f"{type(self).__name__}(batch_size={self.batch_size}, num_kv_heads={self.num_kv_heads}, "
+                f"head_dim={self.head_dim}, length={self.length})")
+
+
+def _positive_int(value: object, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise AttnkitValueError(f"{name} must be a positive int, got {describe(value)}.")
+    return value
+
+
+def _rows(positions: torch.Tensor, limit: int = 3) -> str:
+    rows = [row[:6] for row in positions[:limit].tolist()]
+    return f"{rows}{' ...' if positions.shape[0] > limit else ''}"

@@ -1,0 +1,79 @@
+"""``SlidingWindowCache``: a ring buffer of ``window`` slots for sliding-window attention; memory O(W).
+
+Slot ``t % W`` holds the token written ``t``-th, so after the ring wraps the slots are no longer in position
+order; that is harmless because masks are evaluated on the stored absolute positions.
+
+- One new token (decode): it overwrites the oldest slot, whose key (position p - W) is outside the new
+  query's window, and the ring itself is returned: keys/values ``(B, Hkv, min(length, W), D)``.
+- A chunk of n > 1 tokens (prefill, chunked prefill): the earlier queries of the chunk still need keys the
+  chunk will overwrite, so the stored keys and the chunk are returned together (``(B, Hkv, <= W + n, D)``,
+  transient), and then the last ``min(n, W)`` tokens of the chunk are written into the ring.
+
+The mask must not reach further back than the ring: it needs ``sliding_window(w)`` with ``w <= window`` among
+its ``&`` parts, otherwise :meth:`check_mask` raises (a plain causal mask would silently lose old keys).
+
+Shape legend: B batch, Hkv key/value heads, W window, n new tokens, D head dim.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnkit.cache.base import CacheBase, _conjuncts, _positive_int
+from attnkit.errors import AttnkitValueError
+from attnkit.masks import Causal, MaskSpec, SlidingWindow
+
+
+class SlidingWindowCache(CacheBase):
+    """A ring buffer holding the last ``window`` tokens of each row."""
+
+    kind = "sliding"
+
+    def __init__(self, batch_size: int, num_kv_heads: int, head_dim: int, *, window: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
+        super().__init__(batch_size, num_kv_heads, head_dim, dtype=dtype, device=device)
+        self.window = _positive_int(window, "window")
+        shape = (batch_size, num_kv_heads, window, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=self.device)  # (B, Hkv, W, D)
+        self.v = torch.zeros(shape, dtype=dtype, device=self.device)  # (B, Hkv, W, D)
+        self.positions = torch.zeros(batch_size, window, dtype=torch.long, device=self.device)  # (B, W)
+
+    def check_mask(self, mask: object) -> None:
+        windows = [p.window for p in _conjuncts(mask) if isinstance(p, SlidingWindow)]
+        if not windows or min(windows) > self.window:
+            raise AttnkitValueError(
+                f"a sliding-window cache of window={self.window} holds only the last {self.window} keys, but "
+                f"mask={mask!r} can see further back; use a mask with ak.masks.sliding_window(w), w <= {self.window} "
+                "(combined with & for padding), or a dynamic/static cache.")
+
+    def decode_mask(self, mask: MaskSpec | None) -> MaskSpec | None:
+        # After a one-token update the ring holds positions (p - W, p]: all inside a window >= W.
+        if type(mask) is SlidingWindow and mask.window >= self.window or type(mask) is Causal:
+            return None
+        return mask
+
+    def _store(self, k, v, positions):
+        W, n, start = self.window, k.shape[2], self.length
+        filled = min(start, W)
+        if n == 1:
+            slot = start % W
+            self.k[:, :, slot:slot + 1] = k
+            self.v[:, :, slot:slot + 1] = v
+            self.positions[:, slot:slot + 1] = positions  # (B|1, 1) broadcast to (B, 1)
+            end = min(start + 1, W)
+            return self.k[:, :, :end], self.v[:, :, :end], self.positions[:, :end]  # (B, Hkv, <=W, D) x2, (B, <=W)
+        k_all = torch.cat([self.k[:, :, :filled], k], dim=2)  # (B, Hkv, filled + n, D)
+        v_all = torch.cat([self.v[:, :, :filled], v], dim=2)  # (B, Hkv, filled + n, D)
+        pos_all = torch.cat([self.positions[:, :filled], positions.expand(self.batch_size, n)], dim=1)  # (B, filled + n)
+        keep = min(n, W)  # the chunk's last `keep` tokens go into the ring
+        slots = torch.arange(start + n - keep, start + n, device=self.device) % W  # (keep,)
+        self.k.index_copy_(2, slots, k[:, :, n - keep:])
+        self.v.index_copy_(2, slots, v[:, :, n - keep:])
+        self.positions.index_copy_(1, slots, positions.expand(self.batch_size, n)[:, n - keep:])
+        return k_all, v_all, pos_all
+
+    def _buffers(self):
+        return [self.k, self.v, self.positions]
+
+    def __repr__(self) -> str:
+        return super().__repr__()[:-1] + f", window={self.window})"

@@ -1,0 +1,65 @@
+"""``StaticCache``: ``max_length`` slots preallocated; every update returns the same fixed shapes.
+
+``update`` writes the new tokens into the next free slots and returns the whole buffers: keys/values
+``(B, Hkv, max_length, D)`` and positions ``(B, max_length)``, where empty slots sit at
+:data:`~attnkit.cache.base.EMPTY_POSITION` (later than any query), so the causal mask hides them. Fixed
+shapes are what ``torch.compile`` (and CUDA graphs) want: one compiled graph serves every decode step (the write
+cursor is a tensor, so no Python int changes between steps). Writing more than ``max_length`` tokens raises
+:class:`~attnkit.cache.base.CacheFullError` in eager mode; inside ``torch.compile`` the value checks (full,
+positions continuing) are skipped, as they need a host sync, and an overflowing write fails in ``index_copy_``.
+
+Shape legend: B batch, Hkv key/value heads, Lnew new tokens, M max_length, D head dim.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnkit.cache.base import EMPTY_POSITION, CacheBase, CacheFullError, _positive_int
+
+
+class StaticCache(CacheBase):
+    """A preallocated cache of ``max_length`` tokens per row with fixed-shape outputs."""
+
+    kind = "static"
+
+    def __init__(self, batch_size: int, num_kv_heads: int, head_dim: int, *, max_length: int,
+                 dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
+        super().__init__(batch_size, num_kv_heads, head_dim, dtype=dtype, device=device)
+        self.max_length = _positive_int(max_length, "max_length")
+        shape = (batch_size, num_kv_heads, max_length, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=self.device)  # (B, Hkv, M, D)
+        self.v = torch.zeros(shape, dtype=dtype, device=self.device)  # (B, Hkv, M, D)
+        self.positions = torch.full((batch_size, max_length), EMPTY_POSITION, dtype=torch.long,
+                                    device=self.device)  # (B, M)
+        self._cursor = torch.zeros((), dtype=torch.long, device=self.device)  # next free slot
+
+    @property
+    def length(self) -> int:
+        return int(self._cursor)
+
+    def _advance(self, n: int) -> None:
+        self._cursor += n
+
+    def _store(self, k, v, positions):
+        n = k.shape[2]
+        if not torch.compiler.is_compiling() and self.length + n > self.max_length:
+            raise CacheFullError(
+                f"static cache is full: it holds max_length={self.max_length} tokens, has {self.length} and got "
+                f"{n} more; build it with max_length >= prompt length + max_new_tokens (here >= {self.length + n}), "
+                "or use kind='dynamic'.")
+        slots = self._cursor + torch.arange(n, device=self.device)  # (Lnew,)
+        self.k.index_copy_(2, slots, k)
+        self.v.index_copy_(2, slots, v)
+        self.positions.index_copy_(1, slots, positions.expand(self.batch_size, n))
+        return self.k, self.v, self.positions  # (B, Hkv, M, D) x2, (B, M)
+
+    def _reset(self) -> None:
+        self.positions.fill_(EMPTY_POSITION)
+        self._cursor.zero_()
+
+    def _buffers(self):
+        return [self.k, self.v, self.positions]
+
+    def __repr__(self) -> str:
+        return super().__repr__()[:-1] + f", max_length={self.max_length})"

@@ -1,0 +1,194 @@
+"""Generation for any attnkit decoder model: one prefill, then a decode loop over a KV cache, with greedy,
+temperature, top-k and top-p sampling, a seed, stop tokens, a token budget and streaming.
+
+The decoder-model protocol (``TransformerLM`` implements it; so can any model built from attnkit modules)::
+
+    model(tokens (B, L) int64, *, positions: (B|1, L) | None = None, cache: list[KVCache] | None = None,
+          key_is_real: (B, Lk_total) bool | None = None) -> logits (B, L, V)
+    model.new_cache(batch_size, *, kind="dynamic"|"static"|"sliding", max_length=None) -> list[KVCache]
+
+Batches of prompts with different lengths are left-padded. Row b with ``n_b`` pads gives its tokens the
+positions ``column - n_b``: real tokens start at position 0 (so each row computes exactly what it would
+alone) and the pads sit at consecutive negative positions (so the caches can check that positions continue).
+``key_is_real`` (True = real token) covers every token so far, cache included; a model masks pad keys with
+``padding(key_is_real)`` (index-aligned, right for the dynamic cache and the full forward) or with
+:func:`padding_by_position` (position-based, right for every cache kind). Models with a learned position
+table must clamp the pads' negative positions (``positions.clamp(min=0)``) before the lookup: pad queries'
+outputs are ignored.
+
+Decoding runs under ``torch.inference_mode`` and reads the sampled tokens back once per step (needed to
+stream them and to stop). A row that produced a stop token (the stop token is returned) or ``max_new_tokens``
+is finished; the loop ends when every row is.
+
+Shape legend: B batch (prompts), P padded prompt length, L new tokens, V vocab size.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol, runtime_checkable
+
+import torch
+
+from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
+from attnkit.masks import MaskSpec, custom
+
+
+@runtime_checkable
+class DecoderModel(Protocol):
+    """A causal LM that generation can drive (see the module docstring)."""
+
+    def __call__(self, tokens: torch.Tensor, *, positions: torch.Tensor | None = None, cache: list | None = None,
+                 key_is_real: torch.Tensor | None = None) -> torch.Tensor: ...
+
+    def new_cache(self, batch_size: int, *, kind: str = "dynamic", max_length: int | None = None) -> list: ...
+
+
+def padding_by_position(key_is_real: torch.Tensor, positions: torch.Tensor) -> MaskSpec:
+    """A position-based mask that hides left padding, for every cache kind.
+
+    ``key_is_real`` ``(B, Lk_total)`` is True for real tokens (left padding: False* True*), covering every
+    token so far; ``positions`` ``(B|1, L)`` are the consecutive positions of this call's tokens, the newest
+    last. The first real token of row b sits at ``start[b] = positions[b, -1] - (Lk_total - 1) + n_pads[b]``
+    and the mask keeps keys at positions ``>= start[b]``; it does not depend on how a cache orders its slots.
+    """
+    if not isinstance(key_is_real, torch.Tensor) or key_is_real.dtype != torch.bool or key_is_real.dim() != 2:
+        raise AttnkitTypeError(f"key_is_real must be a bool tensor (B, Lk_total), got {describe(key_is_real)}.")
+    if not torch.equal(key_is_real, key_is_real.cummax(dim=1).values):
+        raise AttnkitValueError("padding_by_position supports left padding only (each row of key_is_real is "
+                                "False* True*); use ak.masks.padding(key_is_real) with a dynamic cache for other layouts.")
+    n_pads = (~key_is_real).sum(dim=1)  # (B,)
+    start = positions[:, -1] - (key_is_real.shape[1] - 1) + n_pads  # (B,)
+
+    def real_key(b, h, q_pos, kv_pos):
+        return kv_pos >= start[b]
+
+    return custom(real_key, "left_padding")
+
+
+def left_pad(prompts: Sequence[Sequence[int]], device: torch.device | str | None = None, pad_id: int = 0):
+    """Left-pad prompts: tokens ``(B, P)``, positions ``(B, P)`` (``column - n_pads``), key_is_real ``(B, P)``."""
+    lengths = torch.tensor([len(p) for p in prompts], device=device)  # (B,)
+    P = int(lengths.max())
+    tokens = torch.full((len(prompts), P), pad_id, dtype=torch.long, device=device)  # (B, P)
+    for row, prompt in enumerate(prompts):
+        tokens[row, P - len(prompt):] = torch.as_tensor(list(prompt), dtype=torch.long, device=device)
+    n_pads = (P - lengths)[:, None]  # (B, 1)
+    columns = torch.arange(P, device=device)[None]  # (1, P)
+    return tokens, columns - n_pads, columns >= n_pads
+
+
+def sample(logits: torch.Tensor, *, temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+           generator: torch.Generator | None = None) -> torch.Tensor:
+    """Next tokens ``(B,)`` from logits ``(B, V)``: argmax for temperature 0, else a draw from
+    softmax(logits / temperature) restricted to the top_k most likely tokens and to the smallest set whose
+    probability reaches top_p (the most likely token always stays)."""
+    if temperature == 0.0:
+        return logits.argmax(dim=-1)  # (B,)
+    scores = logits.float() / temperature  # (B, V)
+    if top_k is not None and top_k < scores.shape[-1]:
+        kth = scores.topk(top_k, dim=-1).values[:, -1:]  # (B, 1)
+        scores = scores.masked_fill(scores < kth, -math.inf)
+    if top_p is not None and top_p < 1.0:
+        sorted_scores, order = scores.sort(dim=-1, descending=True)  # (B, V) each
+        probs = sorted_scores.softmax(dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # probability of the strictly more likely tokens
+        drop_sorted = before >= top_p  # the first token has before == 0 < top_p: always kept
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)  # back to vocabulary order
+        scores = scores.masked_fill(drop, -math.inf)
+    probs = scores.softmax(dim=-1)  # (B, V)
+    return torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,)
+
+
+def _check_args(model, prompts, max_new_tokens, temperature, top_k, top_p, stop_tokens) -> None:
+    if not callable(model) or not callable(getattr(model, "new_cache", None)):
+        raise AttnkitTypeError(f"model must be a decoder model: callable as model(tokens, positions=, cache=, "
+                               f"key_is_real=) with a new_cache(batch_size, kind=, max_length=) method, got "
+                               f"{describe(model)}; see attnkit.models.generation.DecoderModel.")
+    if not isinstance(prompts, (list, tuple)) or not prompts or any(
+            not isinstance(p, (list, tuple)) or not p for p in prompts):
+        raise AttnkitValueError(f"prompts must be a non-empty list of non-empty lists of token ids, got "
+                                f"{describe(prompts)}; e.g. [[1, 2, 3]] (give every prompt at least one token).")
+    if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for p in prompts for t in p):
+        raise AttnkitValueError(f"prompts must contain non-negative int token ids, got {describe(prompts)}.")
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
+        raise AttnkitValueError(f"max_new_tokens must be an int >= 0, got {describe(max_new_tokens)}.")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature) \
+            or temperature < 0:
+        raise AttnkitValueError(f"temperature must be a finite number >= 0, got {describe(temperature)}; 0 = greedy.")
+    if temperature == 0 and (top_k is not None or top_p is not None):
+        raise AttnkitValueError(f"top_k={top_k} / top_p={top_p} only apply when sampling, but temperature=0 "
+                                "(greedy); pass temperature > 0 (e.g. 1.0) or drop top_k/top_p.")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise AttnkitValueError(f"top_k must be an int >= 1 or None, got {describe(top_k)}.")
+    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
+        raise AttnkitValueError(f"top_p must be in (0, 1] or None, got {describe(top_p)}; e.g. 0.9.")
+    if any(isinstance(t, bool) or not isinstance(t, int) for t in stop_tokens):
+        raise AttnkitTypeError(f"stop_tokens must be a collection of int token ids, got {describe(stop_tokens)}.")
+
+
+def stream_generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int = 64, temperature: float = 0.0,
+                    top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+                    stop_tokens: Sequence[int] = (), cache: str = "dynamic") -> Iterator[tuple[int, int]]:
+    """Yield ``(row, token)`` as tokens are produced (each step yields one token per unfinished row).
+
+    Arguments as :func:`generate`. ``cache`` is the kind passed to ``model.new_cache`` ("dynamic", "static"
+    sized to the longest prompt + ``max_new_tokens``, or "sliding" for sliding-window models).
+    """
+    stop_tokens = tuple(stop_tokens)
+    _check_args(model, prompts, max_new_tokens, temperature, top_k, top_p, stop_tokens)
+    if max_new_tokens == 0:
+        return
+    device = next((p.device for p in model.parameters()), None) if hasattr(model, "parameters") else None
+    tokens, positions, key_is_real = left_pad(prompts, device)  # (B, P) each
+    B, P = tokens.shape
+    if bool(key_is_real.all()):
+        key_is_real = None  # no padding: the model may use its fastest mask
+    generator = None if seed is None else torch.Generator(device=tokens.device).manual_seed(seed)
+    stops = torch.tensor(stop_tokens, dtype=torch.long, device=tokens.device)  # (S,)
+    caches = model.new_cache(B, kind=cache, max_length=P + max_new_tokens)
+    finished = [False] * B
+    next_pos = positions[:, -1:] + 1  # (B, 1)
+    for step in range(max_new_tokens):
+        with torch.inference_mode():
+            logits = model(tokens, positions=positions, cache=caches, key_is_real=key_is_real)  # (B, L, V)
+            new = sample(logits[:, -1], temperature=temperature, top_k=top_k, top_p=top_p,
+                         generator=generator)  # (B,)
+            done_now = torch.isin(new, stops) if len(stop_tokens) else None  # (B,)
+        values = new.tolist()  # the one host read per step
+        done_rows = done_now.tolist() if done_now is not None else [False] * B
+        for row in range(B):
+            if not finished[row]:
+                yield row, values[row]
+                finished[row] = done_rows[row]
+        if all(finished) or step == max_new_tokens - 1:
+            return
+        tokens, positions, next_pos = new[:, None], next_pos, next_pos + 1  # (B, 1) each
+        if key_is_real is not None:
+            key_is_real = torch.cat([key_is_real, key_is_real.new_ones(B, 1)], dim=1)  # (B, Lk_total + 1)
+
+
+def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int = 64, temperature: float = 0.0,
+             top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
+             stop_tokens: Sequence[int] = (), cache: str = "dynamic",
+             on_token: Callable[[int, int], object] | None = None) -> list[list[int]]:
+    """Generate up to ``max_new_tokens`` tokens per prompt; returns the new tokens of each prompt.
+
+    Args:
+        model: a decoder model (see :class:`DecoderModel`); run it in eval mode (dropout off).
+        prompts: token ids per prompt (lengths may differ: prompts are left-padded).
+        temperature: 0 = greedy (argmax); > 0 samples from softmax(logits / temperature).
+        top_k, top_p: restrict sampling to the k most likely tokens / the smallest set with probability >= p.
+        seed: seeds a private ``torch.Generator`` (the global RNG is untouched); None draws from the global RNG.
+        stop_tokens: a row stops after producing one of these (the stop token is included in its output).
+        cache: KV-cache kind for ``model.new_cache``.
+        on_token: called as ``on_token(row, token)`` for every token as soon as it is produced.
+    """
+    out: list[list[int]] = [[] for _ in range(len(prompts) if isinstance(prompts, (list, tuple)) else 0)]
+    for row, token in stream_generate(model, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
+                                      top_k=top_k, top_p=top_p, seed=seed, stop_tokens=stop_tokens, cache=cache):
+        out[row].append(token)
+        if on_token is not None:
+            on_token(row, token)
+    return out

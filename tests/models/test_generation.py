@@ -1,0 +1,156 @@
+"""Generation: sampling rules, seeds, stop tokens, budgets, streaming, errors; the protocol on TransformerLM."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+
+from attnkit.errors import AttnkitTypeError, AttnkitValueError
+from attnkit.models.generation import DecoderModel, generate, padding_by_position, sample, stream_generate
+from cache.tiny_decoder import TinyDecoder
+
+PROMPTS = [[1, 2, 3, 4], [7, 8]]
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return TinyDecoder(positions="rope", heads=4, kv_heads=2).eval()
+
+
+def test_tiny_decoder_implements_the_protocol(model):
+    assert isinstance(model, DecoderModel)
+
+
+def test_seed_makes_sampling_reproducible(model):
+    a = generate(model, PROMPTS, max_new_tokens=10, temperature=1.5, seed=3)
+    assert generate(model, PROMPTS, max_new_tokens=10, temperature=1.5, seed=3) == a
+    assert generate(model, PROMPTS, max_new_tokens=10, temperature=1.5, seed=4) != a
+    state = torch.get_rng_state()
+    generate(model, PROMPTS, max_new_tokens=3, temperature=1.0, seed=0)
+    assert torch.equal(state, torch.get_rng_state())  # a seed uses a private generator
+
+
+def test_top_k_1_and_tiny_top_p_are_greedy(model):
+    greedy = generate(model, PROMPTS, max_new_tokens=8)
+    assert generate(model, PROMPTS, max_new_tokens=8, temperature=2.0, top_k=1, seed=0) == greedy
+    assert generate(model, PROMPTS, max_new_tokens=8, temperature=2.0, top_p=1e-6, seed=0) == greedy
+
+
+def test_top_k_and_top_p_keep_only_their_sets():
+    logits = torch.log(torch.tensor([[0.5, 0.25, 0.15, 0.1]])).expand(2000, 4)
+    g = torch.Generator().manual_seed(0)
+    assert set(sample(logits, temperature=1.0, top_k=2, generator=g).tolist()) == {0, 1}
+    assert set(sample(logits, temperature=1.0, top_p=0.7, generator=g).tolist()) == {0, 1}  # 0.5 + 0.25 >= 0.7
+    assert set(sample(logits, temperature=1.0, top_p=0.76, generator=g).tolist()) == {0, 1, 2}
+    drawn = sample(logits, temperature=1.0, generator=g)
+    assert set(drawn.tolist()) == {0, 1, 2, 3} and abs(float((drawn == 0).float().mean()) - 0.5) < 0.05
+
+
+def test_stop_tokens_end_a_row_and_are_returned(model):
+    greedy = generate(model, PROMPTS, max_new_tokens=10)
+    stop = greedy[0][3]
+    out = generate(model, PROMPTS, max_new_tokens=10, stop_tokens=[stop])
+    first = greedy[0].index(stop)
+    assert out[0] == greedy[0][: first + 1]
+    other = greedy[1].index(stop) + 1 if stop in greedy[1] else 10
+    assert out[1] == greedy[1][:other]
+
+
+def test_max_new_tokens_and_streaming_order(model):
+    assert generate(model, PROMPTS, max_new_tokens=0) == [[], []]
+    seen = []
+    out = generate(model, PROMPTS, max_new_tokens=5, on_token=lambda row, tok: seen.append((row, tok)))
+    assert [len(o) for o in out] == [5, 5]
+    assert seen == [(row, out[row][step]) for step in range(5) for row in range(2)]  # one token per row per step
+    assert list(stream_generate(model, PROMPTS, max_new_tokens=5)) == seen
+
+
+@pytest.mark.parametrize("kind", ["static", "dynamic"])
+def test_cache_kinds_give_the_same_tokens(model, kind):
+    assert generate(model, PROMPTS, max_new_tokens=6, cache=kind) == generate(model, PROMPTS, max_new_tokens=6)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "match"),
+    [
+        ({"prompts": []}, AttnkitValueError, "prompts must be a non-empty list"),
+        ({"prompts": [[1], []]}, AttnkitValueError, "prompts must be a non-empty list"),
+        ({"prompts": [[1, -2]]}, AttnkitValueError, "non-negative int token ids"),
+        ({"max_new_tokens": -1}, AttnkitValueError, "max_new_tokens must be an int >= 0"),
+        ({"temperature": -0.5}, AttnkitValueError, "temperature must be a finite number >= 0"),
+        ({"top_k": 5}, AttnkitValueError, "only apply when sampling"),
+        ({"temperature": 1.0, "top_k": 0}, AttnkitValueError, "top_k must be an int >= 1"),
+        ({"temperature": 1.0, "top_p": 1.5}, AttnkitValueError, r"top_p must be in \(0, 1\]"),
+        ({"stop_tokens": ["eos"]}, AttnkitTypeError, "stop_tokens must be a collection of int"),
+        ({"model": torch.nn.Linear(2, 2)}, AttnkitTypeError, "model must be a decoder model"),
+        ({"cache": "sliding"}, AttnkitValueError, "kind='sliding' needs window"),
+    ],
+)
+def test_generate_errors(model, kwargs, error, match):
+    args = {"model": model, "prompts": PROMPTS}
+    args.update(kwargs)
+    with pytest.raises(error, match=match):
+        generate(args.pop("model"), args.pop("prompts"), max_new_tokens=args.pop("max_new_tokens", 2), **args)
+
+
+def test_static_cache_too_small_is_an_error_not_a_truncation(model):
+    from attnkit.cache import CacheFullError
+
+    caches = model.new_cache(1, kind="static", max_length=4)
+    with pytest.raises(CacheFullError, match="static cache is full"):
+        model(torch.tensor([[1, 2, 3, 4, 5]]), positions=torch.arange(5)[None], cache=caches)
+
+
+def test_padding_by_position_errors():
+    with pytest.raises(AttnkitValueError, match="supports left padding only"):
+        padding_by_position(torch.tensor([[True, False, True]]), torch.arange(3)[None])
+    with pytest.raises(AttnkitTypeError, match="key_is_real must be a bool tensor"):
+        padding_by_position(torch.ones(1, 3), torch.arange(3)[None])
+
+
+@pytest.mark.skipif(importlib.util.find_spec("attnkit.models.lm") is None, reason="TransformerLM not present yet")
+@pytest.mark.parametrize(("kind", "window", "positions"), [("dynamic", None, "rope"), ("static", None, "alibi"),
+                                                            ("sliding", 4, "rope"), ("dynamic", None, "learned")])
+def test_transformer_lm_cached_equals_full(kind, window, positions):
+    from attnkit.models.lm import LMConfig, TransformerLM
+
+    torch.manual_seed(0)
+    lm = TransformerLM(LMConfig(vocab_size=41, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, window=window,
+                                positions=positions)).eval()
+    assert isinstance(lm, DecoderModel)
+    tokens = torch.randint(0, 41, (2, 13))
+    with torch.no_grad():
+        full = lm(tokens, positions=torch.arange(13)[None])
+        cache = lm.new_cache(2, kind=kind, max_length=13)
+        parts, i = [], 0
+        for n in (5, 1, 3, 1, 1, 2):
+            parts.append(lm(tokens[:, i:i + n], positions=torch.arange(i, i + n)[None], cache=cache))
+            i += n
+        assert float((torch.cat(parts, 1) - full).abs().max()) <= 1e-5
+        prompt, want = tokens[0, :4], tokens[0, :4]
+        for _ in range(6):
+            want = torch.cat([want, lm(want[None])[0, -1].argmax()[None]])
+    assert generate(lm, [prompt.tolist()], max_new_tokens=6, cache=kind) == [want[4:].tolist()]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("attnkit.models.lm") is None, reason="TransformerLM not present yet")
+@pytest.mark.parametrize(("kind", "window", "positions"), [("dynamic", None, "rope"), ("static", None, "learned"),
+                                                            ("sliding", 3, "alibi")])
+def test_transformer_lm_left_padded_batch_generates_each_row_alone(kind, window, positions):
+    from attnkit.models.lm import LMConfig, TransformerLM
+
+    torch.manual_seed(0)
+    lm = TransformerLM(LMConfig(vocab_size=41, dim=32, n_layers=2, n_heads=4, positions=positions,
+                                window=window)).eval()
+    prompts = [[3, 4, 5, 6, 7, 8], [9, 10]]
+    with torch.no_grad():
+        wants = []
+        for p in prompts:  # greedy by recomputing the full forward, one prompt at a time
+            t = torch.tensor([p])
+            for _ in range(5):
+                t = torch.cat([t, lm(t)[:, -1].argmax(-1, keepdim=True)], dim=1)
+            wants.append(t[0, len(p):].tolist())
+    assert generate(lm, prompts, max_new_tokens=5, cache=kind) == wants
