@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/attnkit demo
+	$(VENV)/bin/attnkit train --preset tiny --minutes 3 --samples --run-dir runs/demo --overwrite
 
 test: $(STAMP)
 	$(PY) -m pytest -n 2 -q

@@ -1,0 +1,56 @@
+"""Builders for :class:`~attnkit.models.lm.TransformerLM`: named presets and the encoder variant.
+
+>>> from attnkit.models.builders import build_lm
+>>> model = build_lm("tiny", positions="alibi", n_kv_heads=2)   # any LMConfig field overrides the preset
+>>> enc = build_encoder("tiny")                                  # same stack, bidirectional, padding masks
+
+Presets (byte-level vocabulary of 257 by default):
+
+========  ====  ========  =====  ==========  ===========
+preset     dim  n_layers  heads  max_seq_len   params
+========  ====  ========  =====  ==========  ===========
+nano        64         2      2         128        ~0.1 M
+tiny       128         4      4         256        ~0.8 M
+small      384         6      6         512       ~10.8 M
+medium     768        12     12        1024       ~85 M
+========  ====  ========  =====  ==========  ===========
+"""
+
+from __future__ import annotations
+
+from attnkit.errors import AttnkitValueError
+from attnkit.models.lm import LMConfig, TransformerLM
+
+PRESETS: dict[str, dict] = {
+    "nano": {"dim": 64, "n_layers": 2, "n_heads": 2, "max_seq_len": 128},
+    "tiny": {"dim": 128, "n_layers": 4, "n_heads": 4, "max_seq_len": 256},
+    "small": {"dim": 384, "n_layers": 6, "n_heads": 6, "max_seq_len": 512},
+    "medium": {"dim": 768, "n_layers": 12, "n_heads": 12, "max_seq_len": 1024},
+}
+
+
+def lm_config(preset: str = "tiny", **overrides) -> LMConfig:
+    """The :class:`LMConfig` of a preset with any field overridden (``None`` values are ignored)."""
+    if preset not in PRESETS:
+        raise AttnkitValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}.")
+    return LMConfig(**{**PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None}})
+
+
+def build_lm(preset: str = "tiny", **overrides) -> TransformerLM:
+    """A decoder-only :class:`TransformerLM` from a preset (see the module table) and field overrides."""
+    return TransformerLM(lm_config(preset, **overrides))
+
+
+def build_encoder(preset: str = "tiny", **overrides) -> TransformerLM:
+    """The same stack as a bidirectional encoder (``causal=False``): call ``model.encode(tokens,
+    key_is_real=...)`` for hidden states ``(B, L, E)`` or ``embed_sequences`` for one vector per sequence."""
+    return TransformerLM(lm_config(preset, **{**overrides, "causal": False, "window": None}))
+
+
+def embed_sequences(encoder: TransformerLM, tokens, key_is_real=None):
+    """Mean of the real tokens' final hidden states: ``(B, L) -> (B, E)`` (for classification / retrieval)."""
+    hidden = encoder.encode(tokens, key_is_real=key_is_real)  # (B, L, E)
+    if key_is_real is None:
+        return hidden.mean(dim=1)
+    weights = key_is_real.to(hidden.dtype)[..., None]  # (B, L, 1)
+    return (hidden * weights).sum(dim=1) / weights.sum(dim=1).clamp_min(1.0)  # (B, E)

@@ -1,0 +1,88 @@
+"""torch.distributed for ``attnkit train``: the process group from torchrun's environment, and helpers.
+
+``torchrun --nproc-per-node N -m attnkit.cli.main train ...`` (or ``torchrun $(which attnkit) train``) starts
+N ranks; each wraps the model in DistributedDataParallel (gloo on CPU, nccl on GPU) and takes its slice of
+every global batch. Rank 0 writes metrics and checkpoints.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from attnkit.errors import AttnkitValueError
+
+
+@dataclass(frozen=True)
+class DistContext:
+    rank: int = 0
+    world: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def enabled(self) -> bool:
+        return self.world > 1
+
+
+def pick_device(name: str) -> torch.device:
+    """``"auto"`` = CUDA when present, else CPU; any other name as given (checked at run time, not import)."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(name)
+
+
+def init(device_name: str = "auto") -> DistContext:
+    """Join the process group when launched by torchrun (``WORLD_SIZE > 1``); otherwise a 1-process context."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    device = pick_device(device_name)
+    if world <= 1:
+        return DistContext(0, 1, device)
+    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if device.type == "cuda":
+        device = torch.device("cuda", local)
+        torch.cuda.set_device(device)
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if device.type == "cuda" else "gloo")
+    return DistContext(rank, world, device)
+
+
+def check_batch(batch_size: int, ctx: DistContext) -> None:
+    if batch_size % ctx.world:
+        raise AttnkitValueError(f"batch_size={batch_size} must be divisible by the number of processes "
+                                f"{ctx.world}; each rank takes batch_size / world rows of every global batch.")
+
+
+def mean(value: torch.Tensor, ctx: DistContext) -> torch.Tensor:
+    """Average a tensor over ranks (identity in one process)."""
+    if ctx.enabled:
+        value = value.clone()
+        dist.all_reduce(value, op=dist.ReduceOp.SUM)
+        value /= ctx.world
+    return value
+
+
+def gather_rng(ctx: DistContext) -> dict[str, torch.Tensor]:
+    """Every rank's torch CPU RNG state, as ``rng.torch.rank<r>`` (empty in one process)."""
+    if not ctx.enabled:
+        return {}
+    state = torch.get_rng_state().to(ctx.device)
+    states = [torch.empty_like(state) for _ in range(ctx.world)]
+    dist.all_gather(states, state)
+    return {f"rng.torch.rank{r}": s.cpu() for r, s in enumerate(states)}
+
+
+def barrier(ctx: DistContext) -> None:
+    if ctx.enabled:
+        dist.barrier()
+
+
+def shutdown(ctx: DistContext) -> None:
+    if ctx.enabled and dist.is_initialized():
+        dist.destroy_process_group()

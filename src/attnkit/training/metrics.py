@@ -1,0 +1,66 @@
+"""Run outputs: metrics as JSONL (one record per line, floats exact) and the loss-curve PNG."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    path = Path(path)
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut by a kill: drop it
+            break
+    return records
+
+
+class MetricsWriter:
+    """Append records to ``metrics.jsonl``; on resume keep only records up to the resumed step."""
+
+    def __init__(self, path: str | Path, *, resume_step: int | None = None):
+        self.path = Path(path)
+        if resume_step is not None:
+            kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
+            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
+        elif self.path.exists():
+            self.path.unlink()
+        self._file = open(self.path, "a")  # noqa: SIM115 - open for the whole run, closed by close()
+
+    def write(self, record: dict) -> None:
+        self._file.write(json.dumps(record) + "\n")
+        self._file.flush()
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def plot_loss(metrics_path: str | Path, out_path: str | Path, baseline: float | None = None) -> Path:
+    """Train loss per step and validation loss per eval, with the unigram baseline, as a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = read_metrics(metrics_path)
+    train = [(r["step"], r["loss"]) for r in records if "loss" in r]
+    val = [(r["step"], r["val_loss"]) for r in records if "val_loss" in r]
+    fig, ax = plt.subplots(figsize=(7, 4))
+    if train:
+        ax.plot(*zip(*train), label="train loss", lw=1)
+    if val:
+        ax.plot(*zip(*val), "o-", label="validation loss")
+    if baseline is not None:
+        ax.axhline(baseline, color="gray", ls="--", label=f"unigram baseline {baseline:.2f}")
+    ax.set_xlabel("step")
+    ax.set_ylabel("cross-entropy (nats/token)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out_path, dpi=100)
+    plt.close(fig)
+    return Path(out_path)

@@ -1,0 +1,251 @@
+"""TransformerLM: the float64 reference assembly, the invariants (no causal/packing/padding leak, cached ==
+full), init, tying, presets, per-layer attention kinds, gradient checkpointing and the typed errors."""
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from attnkit import masks
+from attnkit.errors import AttnkitTypeError, AttnkitValueError
+from attnkit.functional.reference import reference_attention
+from attnkit.models.builders import PRESETS, build_encoder, build_lm, embed_sequences, lm_config
+from attnkit.models.lm import (
+    ATTENTION_LAYERS,
+    LMConfig,
+    TransformerLM,
+    packed_mask,
+    register_attention_layer,
+    softmax_attention,
+)
+from attnkit.training.data import restart_positions
+from oracle import assert_within_rule
+
+V = 257
+
+
+def reference_forward(model: TransformerLM, tokens, positions=None, doc_ids=None, key_is_real=None, dtype=None):
+    """The LM written out plainly around reference_attention, in ``dtype`` (float64 = golden)."""
+    m = copy.deepcopy(model).to(dtype or torch.float64)
+    c = m.config
+    B, L = tokens.shape
+    pos = torch.arange(L)[None] if positions is None else positions.reshape(-1, L)  # (B|1, L)
+    x = m.embed.weight[tokens]  # (B, L, E)
+    if m.pos_embed is not None:
+        x = x + m.pos_embed(pos).to(x.dtype)
+    for block in m.blocks:
+        a = block.attn
+        h = F.layer_norm(x, (c.dim,), block.norm1.weight, block.norm1.bias)
+        H, Hkv, D = a.num_heads, a.num_kv_heads, a.head_dim
+        q, k, v = (h @ a.qkv_proj.weight.T).split([H * D, Hkv * D, Hkv * D], dim=-1)
+        q = q.view(B, L, H, D).transpose(1, 2)  # (B, H, L, D)
+        k = k.view(B, L, Hkv, D).transpose(1, 2)  # (B, Hkv, L, D)
+        v = v.view(B, L, Hkv, D).transpose(1, 2)  # (B, Hkv, L, D)
+        if a.rope is not None:
+            q, k = a.rope(q, pos), a.rope(k, pos)
+        mask = m.mask(doc_ids=doc_ids, key_is_real=key_is_real)
+        o = reference_attention(q, k, v, mask, bias=a.alibi, q_positions=pos, kv_positions=pos)  # (B, H, L, D)
+        x = x + o.transpose(1, 2).reshape(B, L, H * D) @ a.out_proj.weight.T  # (B, L, E)
+        h = F.layer_norm(x, (c.dim,), block.norm2.weight, block.norm2.bias)
+        x = x + F.gelu(h @ block.mlp.up.weight.T, approximate="tanh") @ block.mlp.down.weight.T
+    x = F.layer_norm(x, (c.dim,), m.norm.weight, m.norm.bias)
+    return (x @ m.head.weight.T).detach()  # (B, L, V)
+
+
+CONFIGS = [
+    {"positions": "rope"},
+    {"positions": "alibi", "n_heads": 4, "n_kv_heads": 2},
+    {"positions": "sinusoidal", "n_kv_heads": 1},
+    {"positions": "learned", "tie_embeddings": False},
+    {"positions": "rope", "window": 3},
+    {"positions": "none", "bias": True},
+]
+
+
+def _model(**kw):
+    return build_lm("nano", dim=32, **kw).eval()
+
+
+@pytest.mark.parametrize("kw", CONFIGS, ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items()))
+def test_forward_matches_float64_reference(kw):
+    model = _model(**kw)
+    tokens = torch.randint(0, V, (2, 13))
+    golden = reference_forward(model, tokens)
+    assert_within_rule(model(tokens).detach(), reference_forward(model, tokens, dtype=torch.float32), golden)
+
+
+@pytest.mark.parametrize("kw", CONFIGS[:4], ids=lambda kw: kw["positions"])
+def test_packed_rows_match_float64_reference_and_separate_documents(kw):
+    model = _model(**kw)
+    tokens = torch.randint(0, V, (1, 12))
+    doc_ids = torch.tensor([[0] * 5 + [1] * 4 + [2] * 3])
+    positions = torch.tensor([[0, 1, 2, 3, 4, 0, 1, 2, 3, 0, 1, 2]])
+    packed = model(tokens, positions=positions, doc_ids=doc_ids).detach()
+    golden = reference_forward(model, tokens, positions, doc_ids)
+    assert_within_rule(packed, reference_forward(model, tokens, positions, doc_ids, dtype=torch.float32), golden)
+    separate = torch.cat([model(tokens[:, s:e]) for s, e in ((0, 5), (5, 9), (9, 12))], dim=1).detach()
+    torch.testing.assert_close(packed, separate, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 1, 3, 50])
+def test_packed_mask_equals_the_mask_spec(window):
+    doc = torch.randint(0, 2, (3, 40)).cumsum(dim=1) // 4  # (B, L) documents of random lengths
+    pos = restart_positions(doc)
+    spec = masks.And(masks.sliding_window(window) if window else masks.causal(), masks.document(doc))
+    fast = packed_mask(doc, pos, window, spec)
+    assert isinstance(fast, torch.Tensor) and torch.equal(fast, spec.to_dense(pos, pos))
+    shifted = pos.clone()
+    shifted[:, 5] += 7  # positions that don't count up by one: the spec is kept (evaluated on positions)
+    assert packed_mask(doc, shifted, window, spec) is spec
+
+
+def test_packed_rows_with_irregular_positions_match_the_reference():
+    model = _model(positions="alibi", n_heads=4)
+    tokens = torch.randint(0, V, (1, 9))
+    doc_ids = torch.tensor([[0] * 5 + [1] * 4])
+    positions = torch.tensor([[0, 2, 4, 6, 8, 0, 3, 6, 9]])
+    golden = reference_forward(model, tokens, positions, doc_ids)
+    assert_within_rule(model(tokens, positions=positions, doc_ids=doc_ids).detach(),
+                       reference_forward(model, tokens, positions, doc_ids, dtype=torch.float32), golden)
+
+
+@pytest.mark.parametrize("kw", CONFIGS, ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items()))
+def test_no_causal_leak(kw):
+    model = _model(**kw)
+    a = torch.randint(0, V, (1, 10))
+    b = a.clone()
+    b[:, 6:] = torch.randint(0, V, (1, 4))
+    torch.testing.assert_close(model(a)[:, :6], model(b)[:, :6], rtol=0, atol=0)
+    assert not torch.allclose(model(a)[:, 6:], model(b)[:, 6:])
+
+
+def test_window_at_least_length_equals_causal():
+    torch.manual_seed(1)
+    full = _model()
+    windowed = TransformerLM(full.config.replace(window=16)).eval()
+    windowed.load_state_dict(full.state_dict())
+    tokens = torch.randint(0, V, (2, 16))
+    torch.testing.assert_close(windowed(tokens), full(tokens), rtol=1e-6, atol=1e-6)
+    narrow = TransformerLM(full.config.replace(window=4)).eval()
+    narrow.load_state_dict(full.state_dict())
+    assert not torch.allclose(narrow(tokens)[:, 8:], full(tokens)[:, 8:])
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "static", "sliding"])
+def test_cached_decoding_equals_full_forward(kind):
+    model = _model(window=5 if kind == "sliding" else None, positions="rope", n_kv_heads=1)
+    tokens = torch.randint(0, V, (2, 11))
+    full = model(tokens)
+    cache = model.new_cache(2, kind=kind, max_length=11)
+    out = [model(tokens[:, :4], positions=torch.arange(4)[None], cache=cache)]  # prefill
+    for p in range(4, 11):
+        out.append(model(tokens[:, p:p + 1], positions=torch.tensor([[p]]), cache=cache))
+    torch.testing.assert_close(torch.cat(out, dim=1), full, rtol=1e-5, atol=1e-5)
+
+
+def test_padding_does_not_change_real_outputs_encoder_and_decoder():
+    for model in (build_encoder("nano", dim=32).eval(), _model()):
+        tokens = torch.randint(0, V, (2, 9))
+        key_is_real = torch.ones(2, 9, dtype=torch.bool)
+        key_is_real[1, 6:] = False
+        other = tokens.clone()
+        other[1, 6:] = torch.randint(0, V, (3,))
+        a = model(tokens, key_is_real=key_is_real)
+        b = model(other, key_is_real=key_is_real)
+        torch.testing.assert_close(a[1, :6], b[1, :6], rtol=0, atol=0)
+        golden = reference_forward(model, tokens, key_is_real=key_is_real)
+        assert_within_rule(a.detach(), reference_forward(model, tokens, key_is_real=key_is_real, dtype=torch.float32),
+                           golden)
+
+
+def test_encoder_is_bidirectional_and_embeds():
+    enc = build_encoder("nano", dim=32).eval()
+    assert not enc.config.causal
+    a = torch.randint(0, V, (2, 8))
+    b = a.clone()
+    b[:, -1] = (b[:, -1] + 1) % V
+    assert not torch.allclose(enc.encode(a)[:, 0], enc.encode(b)[:, 0])  # the first token sees the last
+    real = torch.tensor([[True] * 8, [True] * 5 + [False] * 3])
+    emb = embed_sequences(enc, a, real)
+    assert emb.shape == (2, 32)
+    torch.testing.assert_close(emb[1], enc.encode(a, key_is_real=real)[1, :5].mean(0))
+    torch.testing.assert_close(embed_sequences(enc, a), enc.encode(a).mean(1))
+
+
+def test_init_statistics_and_tying():
+    model = build_lm("small", n_layers=8).requires_grad_(False)
+    std, resid = 0.02, 0.02 / math.sqrt(2 * 8)
+    assert model.head.weight is model.embed.weight
+    assert abs(float(model.embed.weight.std()) - std) < 0.1 * std
+    assert abs(float(model.blocks[0].attn.qkv_proj.weight.std()) - std) < 0.1 * std
+    for block in model.blocks:
+        assert abs(float(block.attn.out_proj.weight.std()) - resid) < 0.1 * resid
+        assert abs(float(block.mlp.down.weight.std()) - resid) < 0.1 * resid
+    untied = build_lm("nano", tie_embeddings=False)
+    assert untied.head.weight is not untied.embed.weight
+    assert untied.num_parameters() == build_lm("nano").num_parameters() + V * 64
+
+
+def test_presets_grow():
+    sizes = [build_lm(p).num_parameters() for p in ("nano", "tiny")]
+    assert sizes[0] < sizes[1]
+    assert lm_config("small").dim == PRESETS["small"]["dim"] and lm_config("tiny", dim=96).dim == 96
+
+
+def test_per_layer_attention_kind_is_pluggable():
+    built = []
+
+    def recording(config, index):
+        built.append(index)
+        return softmax_attention(config, index)
+
+    register_attention_layer("recording", recording)
+    try:
+        model = build_lm("nano", attention=["softmax", "recording"])  # a JSON list works too
+        assert built == [1] and model.config.attention == ("softmax", "recording")
+        model(torch.randint(0, V, (1, 5)))
+    finally:
+        ATTENTION_LAYERS.pop("recording")
+
+
+def test_gradient_checkpointing_gives_the_same_gradients():
+    model = build_lm("nano", dropout=0.0)
+    tokens = torch.randint(0, V, (2, 12))
+    grads = []
+    for flag in (False, True):
+        model.zero_grad()
+        model.gradient_checkpointing = flag
+        F.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten()).backward()
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_config_round_trips_through_json_dict():
+    config = lm_config("tiny", n_kv_heads=2, window=32, attention=("softmax",) * 4)
+    assert LMConfig.from_dict(config.to_dict()) == config
+
+
+@pytest.mark.parametrize(("make", "error", "match"), [
+    (lambda: lm_config("huge"), AttnkitValueError, "unknown preset 'huge'"),
+    (lambda: LMConfig(positions="xpos"), AttnkitValueError, "positions must be one of"),
+    (lambda: LMConfig(window=4, causal=False), AttnkitValueError, "window=4 needs causal=True"),
+    (lambda: LMConfig(dim=0), AttnkitValueError, "dim must be a positive int"),
+    (lambda: LMConfig(dropout=1.5), AttnkitValueError, "dropout must be in"),
+    (lambda: LMConfig(n_layers=2, attention=("softmax",)), AttnkitValueError, "attention has 1 entries but n_layers=2"),
+    (lambda: TransformerLM(LMConfig(attention="nope")), AttnkitValueError,
+     "kind 'nope' .* is not registered.*register_attention_layer"),
+    (lambda: LMConfig.from_dict({"dims": 3}), AttnkitValueError, r"unknown LMConfig fields \['dims'\]"),
+    (lambda: TransformerLM({"dim": 8}), AttnkitTypeError, "config must be an LMConfig"),
+    (lambda: _model()(torch.rand(1, 4)), AttnkitTypeError, "tokens must be an int64 tensor"),
+    (lambda: _model()(torch.zeros(1, 4, dtype=torch.long), cache=_model().new_cache(1)), AttnkitValueError,
+     "positions must be given with cache="),
+    (lambda: _model()(torch.zeros(1, 4, dtype=torch.long), positions=torch.arange(4)[None], cache=[]),
+     AttnkitValueError, "cache has 0 entries but the model has 2 layers"),
+    (lambda: build_encoder("nano").new_cache(1), AttnkitValueError, "new_cache needs a causal decoder"),
+])
+def test_errors(make, error, match):
+    with pytest.raises(error, match=match):
+        make()
