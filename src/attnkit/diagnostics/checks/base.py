@@ -1,0 +1,138 @@
+"""The check protocol, the registry, and the helpers every check shares (inputs, comparisons).
+
+A check is a function ``run(subject, options) -> Outcome`` registered with :func:`check` under a stable name
+and the fix from the pitfall checklist. It raises :class:`Skip` with the reason when the subject lacks what it
+needs. Comparisons run in float64 so that a leak (changed outputs) is told apart from rounding noise.
+
+Shape legend: B batch, H heads, L length, E embed_dim, D head_dim, V vocab size.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
+
+
+class Skip(Exception):
+    """The subject does not support what the check needs; the message says what is missing."""
+
+
+@dataclass
+class Outcome:
+    status: str
+    evidence: str
+    details: dict = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Options:
+    """Sizes and switches of one examination (all small: the doctor must stay fast on CPU)."""
+
+    batch: int = 2
+    seq_len: int = 8
+    heads: int = 2
+    head_dim: int = 16
+    seed: int = 0
+    fresh: bool | None = None  # freshly initialised model? None = unknown
+    overfit: bool = False
+    overfit_steps: int = 150
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str
+    title: str
+    fix: str
+    run: Callable
+
+
+REGISTRY: dict[str, Check] = {}
+
+
+def check(name: str, title: str, fix: str):
+    """Register ``run(subject, options) -> Outcome`` as the check ``name``."""
+
+    def register(fn: Callable) -> Callable:
+        REGISTRY[name] = Check(name, title, fix, fn)
+        return fn
+
+    return register
+
+
+# ------------------------------------------------------------------------------------------ shared helpers
+
+def gen(options: Options, offset: int = 0) -> torch.Generator:
+    return torch.Generator().manual_seed(options.seed + offset)
+
+
+def randn(shape, g: torch.Generator, dtype=torch.float64, device="cpu") -> torch.Tensor:
+    return torch.randn(shape, generator=g, dtype=torch.float64).to(device=device, dtype=dtype)
+
+
+def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
+
+
+def tolerance(ref: torch.Tensor) -> float:
+    """What counts as "unchanged" for a float64 comparison of outputs of different shapes/kernels."""
+    eps = 2e-5 if ref.dtype == torch.float64 else 1e-4  # float64 runs; user code may compute in float32 inside
+    return eps * max(1.0, float(ref.detach().abs().max()) if ref.numel() else 1.0)
+
+
+def causal_mask(L: int, device="cpu") -> torch.Tensor:
+    """(L, L) bool, True = may attend: query i sees keys j <= i."""
+    return torch.ones(L, L, dtype=torch.bool, device=device).tril()
+
+
+def fn_inputs(options: Options, *, L: int | None = None, dtype=torch.float64, offset: int = 0):
+    """Random q, k, v ``(B, H, L, D)`` for function-level checks."""
+    g = gen(options, offset)
+    L = L or options.seq_len
+    shape = (options.batch, options.heads, L, options.head_dim)
+    return randn(shape, g, dtype), randn(shape, g, dtype), randn(shape, g, dtype)
+
+
+def tokens_for(vocab: int, batch: int, length: int, g: torch.Generator, device="cpu") -> torch.Tensor:
+    """Random token ids ``(B, L)`` int64 (avoiding id 0, often a special token)."""
+    return torch.randint(1, vocab, (batch, length), generator=g).to(device)
+
+
+def model_device(subject) -> torch.device:
+    module = subject.module
+    p = next(module.parameters(), None) if module is not None else None
+    return p.device if p is not None else torch.device("cpu")
+
+
+def x_inputs(subject, options: Options, length: int, offset: int = 0, dtype=torch.float64) -> torch.Tensor:
+    """Random module input ``(B, L, E)``."""
+    return randn((options.batch, length, subject.embed_dim), gen(options, offset), dtype, model_device(subject))
+
+
+def first_bad_position(a: torch.Tensor, b: torch.Tensor, dim: int, tol: float) -> int | None:
+    """The first index along ``dim`` where ``a`` and ``b`` differ by more than ``tol`` (None if none)."""
+    diff = (a.double() - b.double()).abs()
+    diff = diff.movedim(dim, 0).reshape(diff.shape[dim], -1).amax(dim=1)
+    bad = (diff > tol).nonzero()
+    return int(bad[0]) if bad.numel() else None
+
+
+def sample_inputs(subject, options: Options, dtype=torch.float32, offset: int = 7):
+    """Fixed sample input of the subject's main level: tokens ``(B, L)`` or x ``(B, L, E)`` (None for fn)."""
+    if subject.lm is not None:
+        return tokens_for(subject.lm.vocab_size, options.batch, options.seq_len, gen(options, offset),
+                          model_device(subject))
+    if subject.seq is not None:
+        return x_inputs(subject, options, options.seq_len, offset=offset, dtype=dtype)
+    return None
+
+
+def run_main(subject, inputs, *, causal: bool = True) -> torch.Tensor:
+    """Forward ``inputs`` through the subject's main level (a causal mask for modules when ``causal``)."""
+    if subject.lm is not None:
+        return subject.lm.forward(inputs)
+    L = inputs.shape[1]
+    return subject.seq(inputs, causal_mask(L, inputs.device) if causal else None)

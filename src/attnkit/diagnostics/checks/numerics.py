@@ -1,0 +1,352 @@
+"""Numerics of the softmax: the scale, where the mask goes, low precision and fully masked rows, and
+agreement of every backend with the float64 reference.
+
+The probabilities of a bare function are read with values set to the identity: with ``v[j] = e_j`` the
+output row i *is* the probability row ``p_i`` (needs D >= Lk).
+
+Shape legend: B batch, H heads, Lq/Lk lengths, D head_dim.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from attnkit.diagnostics.capture import capture
+from attnkit.diagnostics.checks.base import (
+    FAIL,
+    PASS,
+    Options,
+    Outcome,
+    Skip,
+    check,
+    fn_inputs,
+    gen,
+    model_device,
+    randn,
+    run_main,
+    sample_inputs,
+    tokens_for,
+)
+from attnkit.diagnostics.subjects import attnkit_attention_modules
+from attnkit.functional.reference import reference_attention
+
+
+def identity_values(B: int, H: int, Lk: int, D: int, dtype=torch.float64) -> torch.Tensor:
+    """``v (B, H, Lk, D)`` with ``v[..., j, j] = 1``: then ``out[..., i, :Lk]`` equals the probabilities."""
+    v = torch.zeros(B, H, Lk, D, dtype=dtype)
+    v[..., torch.arange(Lk), torch.arange(Lk)] = 1.0
+    return v
+
+
+# --------------------------------------------------------------------------------------------- scale
+
+def classify_scale(measured: float, head_dim: int) -> tuple[str, str]:
+    """(status, text) for an effective softmax scale against 1/sqrt(d_k)."""
+    expected = 1.0 / math.sqrt(head_dim)
+
+    def near(a, b):
+        return abs(a - b) <= 1e-3 * b
+
+    text = f"effective scale {measured:.4g}, expected 1/sqrt(d_k={head_dim}) = {expected:.4g}"
+    if near(measured, expected):
+        return PASS, text
+    if near(measured, 1.0):
+        return FAIL, f"missing scale: scores are not divided by sqrt(d_k) ({text})"
+    if near(measured, 1.0 / head_dim):
+        return FAIL, f"scores divided by d_k instead of sqrt(d_k) ({text})"
+    return FAIL, f"wrong scale ({text})"
+
+
+def measure_scale(fn, head_dim: int, delta: float = 2.0) -> float:
+    """The effective scale of ``fn`` from two keys whose raw dot products with the query differ by ``delta``."""
+    q = torch.zeros(1, 1, 1, head_dim, dtype=torch.float64)
+    q[..., 0] = 1.0
+    k = torch.zeros(1, 1, 2, head_dim, dtype=torch.float64)
+    k[..., 0, 0] = delta  # q.k0 - q.k1 = delta
+    with torch.no_grad():
+        p = fn(q, k, identity_values(1, 1, 2, head_dim), None)[0, 0, 0, :2]  # (2,) probabilities
+    return math.log(float(p[0]) / float(p[1])) / delta
+
+
+def _hf_scales(s, options: Options) -> list[tuple[str, float, int]]:
+    """(layer, scaling, head_dim) of every attention call of a Hugging Face model, read through a pass-through
+    attention implementation registered with ``transformers.AttentionInterface``."""
+    from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
+
+    seen: list[tuple[str, float, int]] = []
+    inner = ALL_ATTENTION_FUNCTIONS["sdpa"]
+
+    def observe(module, query, key, value, attention_mask, scaling=None, **kwargs):
+        D = query.shape[-1]
+        seen.append((type(module).__name__ + f"#{len(seen)}", 1 / math.sqrt(D) if scaling is None else float(scaling), D))
+        return inner(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+
+    AttentionInterface.register("attnkit_doctor", observe)
+    model = s.module
+    original = model.config._attn_implementation
+    model.set_attn_implementation("attnkit_doctor")
+    try:
+        with torch.no_grad():
+            run_main(s, sample_inputs(s, options))
+    finally:
+        model.set_attn_implementation(original)
+    return seen
+
+
+@check("scale", "softmax scale",
+       "Multiply the scores by 1/sqrt(d_k), d_k = the head dim (not the model width), before the softmax.")
+def scale(subject, options) -> Outcome:
+    found: list[tuple[str, str]] = []  # (status, text)
+    details: dict = {}
+    if subject.fn is not None:
+        measured = measure_scale(subject.fn, options.head_dim)
+        details["measured"] = measured
+        status, text = classify_scale(measured, options.head_dim)
+        found.append((status, f"{subject.fn_note}: {text}"))
+    s = subject.cast(torch.float32) if subject.module is not None else None
+    calls: list[tuple[str, float, int]] = []
+    if s is not None and subject.kind == "huggingface":
+        calls = _hf_scales(s, options)
+    elif s is not None and (s.seq is not None or s.lm is not None):  # any calls into attnkit.attention
+        with torch.no_grad(), capture(s.module, rows=[-1]) as cap:
+            run_main(s, sample_inputs(s, options))
+        calls = [(r.layer, r.scale, r.head_dim) for r in cap.records]
+    for layer, used, D in calls:
+        status, text = classify_scale(used, D)
+        if status != PASS:
+            found.append((status, f"layer {layer}: {text}"))
+    if calls:
+        details["calls"] = [{"layer": c[0], "scale": c[1], "head_dim": c[2]} for c in calls]
+        if all(classify_scale(c[1], c[2])[0] == PASS for c in calls):
+            found.append((PASS, f"{len(calls)} attention calls of the model use 1/sqrt(d_k)"))
+    if not found:
+        raise Skip("needs the attention function (q, k) or a model whose attention calls can be observed")
+    bad = [f for f in found if f[0] != PASS]
+    return Outcome(FAIL if bad else PASS, "; ".join(t for _, t in (bad or found)), details)
+
+
+# ----------------------------------------------------------------------------------------- mask placement
+
+@check("mask-placement", "mask placement",
+       "Apply the mask to the scores before the softmax (where(mask, scores, -inf) with a safe softmax); never "
+       "multiply the probabilities by the mask after the softmax.")
+def mask_placement(subject, options) -> Outcome:
+    if subject.fn is None:
+        raise Skip("needs the attention function (the probabilities are read from it with v = identity)")
+    B, H, L, D = options.batch, options.heads, options.seq_len, max(options.head_dim, options.seq_len)
+    g = gen(options, 8)
+    q, k = randn((B, H, L, D), g), randn((B, H, L, D), g)
+    keep = torch.rand(L, L, generator=g) > 0.3
+    mask = (torch.ones(L, L, dtype=torch.bool).tril() & keep) | torch.eye(L, dtype=torch.bool)  # (L, L)
+    with torch.no_grad():
+        p = subject.fn(q, k, identity_values(B, H, L, D), mask)[..., :L].double()  # (B, H, L, L) probabilities
+    masked = float(p.masked_fill(mask, 0).abs().sum(-1).max())
+    sums = p.sum(-1)
+    low, high = float(sums.min()), float(sums.max())
+    details = {"masked_mass": masked, "row_sum_min": low, "row_sum_max": high, "of": subject.fn_note}
+    if masked > 1e-9:
+        return Outcome(FAIL, f"masked keys get probability (up to {masked:.3g} per row): the mask is not applied to "
+                       "the scores (or has the wrong polarity: True must mean may attend)", details)
+    if low < 1 - 1e-6:
+        return Outcome(FAIL, f"mask applied after softmax: masked keys get 0 but rows sum to {low:.4g} < 1 (their "
+                       "probability is dropped instead of renormalised)", details)
+    if high > 1 + 1e-6:
+        return Outcome(FAIL, f"rows sum to {high:.4g} > 1: the probabilities are not normalised", details)
+    return Outcome(PASS, f"masked keys get exactly 0 and rows sum to 1 (|sum - 1| <= {max(1 - low, high - 1):.1e})",
+                   details)
+
+
+# ------------------------------------------------------------------------------------------ low precision
+
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _finite_fn(fn, options: Options, dtype) -> str | None:
+    """None if output and gradients are finite with a fully masked row; else what went wrong."""
+    q, k, v = (a.to(dtype).requires_grad_(True) for a in fn_inputs(options, offset=9))
+    L = options.seq_len
+    mask = torch.ones(L, L, dtype=torch.bool).tril()
+    mask[L // 2] = False  # a fully masked row
+    out = fn(q, k, v, mask)
+    if not torch.isfinite(out).all():
+        return f"non-finite output in rows {_bad_rows(out, 2)}"
+    out.float().sum().backward()
+    if not all(torch.isfinite(a.grad).all() for a in (q, k, v)):
+        return "non-finite gradients"
+    return None
+
+
+def _bad_rows(t: torch.Tensor, dim: int) -> list[int]:
+    bad = (~torch.isfinite(t)).movedim(dim, 0).reshape(t.shape[dim], -1).any(1)
+    return bad.nonzero().flatten().tolist()
+
+
+def _finite_model(subject, options: Options, dtype) -> str | None:
+    s = subject.cast(dtype)
+    L = options.seq_len
+    if s.lm is not None:
+        dev = model_device(s)
+        tokens = tokens_for(s.lm.vocab_size, 2, L, gen(options, 9), dev)
+        key_is_real = torch.ones(2, L, dtype=torch.bool, device=dev)
+        key_is_real[0, :3] = False  # left padding: the pad queries see no key under a causal mask
+        key_is_real[1, :] = False  # a fully padded row
+        positions = (key_is_real.long().cumsum(1) - 1).clamp_min(0)
+        out = s.lm.forward(tokens, key_is_real=key_is_real, positions=positions if s.lm.supports_positions else None)
+        loss_part = out[0, 3:]
+    else:
+        x = sample_inputs(s, options, dtype=dtype)
+        mask = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
+        mask[L // 2] = False  # a fully masked row
+        out = s.seq(x, mask)
+        loss_part = out
+    if not torch.isfinite(out).all():
+        return f"non-finite output at positions {_bad_rows(out, 1)}"
+    s.module.zero_grad(set_to_none=True)
+    loss_part.float().sum().backward()
+    bad = [n for n, p in s.module.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+    if bad:
+        return f"non-finite gradients in {bad[:3]}"
+    return None
+
+
+def _unsupported_kernel(exc: Exception) -> bool:
+    text = str(exc)
+    return isinstance(exc, (NotImplementedError, RuntimeError)) and "not implemented for" in text
+
+
+@check("low-precision", "fully masked rows and low precision",
+       "Never use a literal like -1e9 for masked scores (it overflows float16, max 65504): use -inf with a safe "
+       "softmax (fully masked rows -> 0) or torch.finfo(scores.dtype).min in a where; run the softmax in float32.")
+def low_precision(subject, options) -> Outcome:
+    if subject.seq is not None or subject.lm is not None:
+        run, where = (lambda dt: _finite_model(subject, options, dt)), "model"
+    elif subject.fn is not None:
+        run, where = (lambda dt: _finite_fn(subject.fn, options, dt)), "function"
+    else:
+        raise Skip("needs an attention function, a module or a token model")
+    problems: dict[str, str] = {}
+    skipped: list[str] = []
+    for dtype in DTYPES:
+        name = str(dtype).replace("torch.", "")
+        if where == "model" and subject.rebuild is None and dtype != torch.float32:
+            skipped.append(name)  # an adapter subject can't be copied into another dtype
+            continue
+        try:
+            why = run(dtype)
+        except Exception as exc:  # noqa: BLE001 - an error in low precision is a finding
+            if _unsupported_kernel(exc):
+                skipped.append(name)
+                continue
+            why = f"raised {type(exc).__name__}: {str(exc).splitlines()[0][:120]}"
+        if why:
+            problems[name] = why
+    details = {"problems": problems, "unsupported_here": skipped}
+    tested = [str(d).replace("torch.", "") for d in DTYPES if str(d).replace("torch.", "") not in skipped]
+    note = f" ({', '.join(skipped)} not tested: unsupported here or the subject can't be cast)" if skipped else ""
+    if not problems:
+        return Outcome(PASS, f"{where} output and gradients finite with fully masked rows in {', '.join(tested)}{note}",
+                       details)
+    if "float32" in problems:
+        return Outcome(FAIL, f"fully masked rows break float32: {problems['float32']} (softmax over a row of -inf is "
+                       "NaN: use a safe softmax)", details)
+    if "float16" in problems and "bfloat16" not in problems:
+        return Outcome(FAIL, f"float16 overflow: {problems['float16']} - a mask value like -1e9 does not fit in "
+                       "float16", details)
+    first = next(iter(problems))
+    return Outcome(FAIL, f"{first}: {problems[first]}", details)
+
+
+# ------------------------------------------------------------------------------------------ backend agreement
+
+def _rule(out: torch.Tensor, ref: torch.Tensor, golden: torch.Tensor, factor: float = 2.0) -> tuple[bool, float, float]:
+    """The DESIGN tolerance rule: ``|out - golden| <= factor |ref_T - golden| + 4 eps(T) max(1, |golden|)``."""
+    err = float((out.double() - golden).abs().max())
+    ref_err = float((ref.double() - golden).abs().max())
+    floor = 4 * torch.finfo(out.dtype).eps * max(1.0, float(golden.abs().max()))
+    return bool(torch.isfinite(out).all()) and err <= factor * ref_err + floor, err, ref_err
+
+
+def _set_backends(module, name: str) -> list[str]:
+    mods = [m for _, m in attnkit_attention_modules(module)]
+    old = [m.backend for m in mods]
+    for m in mods:
+        m.backend = name
+    return old
+
+
+@check("backend-agreement", "backend agreement",
+       "The result disagrees with the float64 reference beyond 2x the reference's own float32 error: compare the "
+       "implementation term by term with ak.reference_attention; for an attnkit backend, pin backend='math' and "
+       "report the case (ak.explain shows which kernel served it).")
+def backend_agreement(subject, options) -> Outcome:
+    import attnkit
+
+    results: dict[str, dict] = {}
+    if subject.uses_attnkit and (subject.seq is not None or subject.lm is not None):
+        s64, s32 = subject.cast(torch.float64), subject.cast(torch.float32)
+        inputs = sample_inputs(s32, options)
+        old64, old32 = _set_backends(s64.module, "math"), _set_backends(s32.module, "math")
+        try:
+            with torch.no_grad():
+                golden = run_main(s64, inputs.double() if inputs.is_floating_point() else inputs).double()
+                ref = run_main(s32, inputs)
+                for name in attnkit.backends.available():
+                    _set_backends(s32.module, name)
+                    try:
+                        out = run_main(s32, inputs)
+                    except NotImplementedError as exc:
+                        results[name] = {"served": False, "why": str(exc)}
+                        continue
+                    ok, err, ref_err = _rule(out, ref, golden)
+                    results[name] = {"served": True, "ok": ok, "err": err, "ref_err": ref_err}
+        finally:
+            for s, old in ((s64, old64), (s32, old32)):
+                for (_, m), b in zip(attnkit_attention_modules(s.module), old):
+                    m.backend = b
+        what = "model output per attnkit backend vs float64 math"
+    elif subject.kind == "huggingface":
+        s64, s32 = subject.cast(torch.float64), subject.cast(torch.float32)
+        inputs = sample_inputs(s32, options)
+        with torch.no_grad():
+            s64.module.set_attn_implementation("eager")
+            golden = run_main(s64, inputs).double()
+            original = s32.module.config._attn_implementation
+            try:
+                s32.module.set_attn_implementation("eager")
+                ref = run_main(s32, inputs)
+                for name in ("eager", "sdpa"):
+                    s32.module.set_attn_implementation(name)
+                    ok, err, ref_err = _rule(run_main(s32, inputs), ref, golden)
+                    results[name] = {"served": True, "ok": ok, "err": err, "ref_err": ref_err}
+            finally:
+                s32.module.set_attn_implementation(original)
+        what = "Hugging Face attention implementations vs float64 eager"
+    elif subject.fn is not None and subject.kind == "function":
+        g = gen(options, 11)
+        B, H, L, D = options.batch, options.heads, options.seq_len, options.head_dim
+        q, k, v = (randn((B, H, L, D), g) for _ in range(3))
+        real = torch.ones(B, L, dtype=torch.bool)
+        real[0, -2:] = False
+        with torch.no_grad():
+            for name, mask in (("no mask", None), ("causal", torch.ones(L, L, dtype=torch.bool).tril()),
+                               ("padding", real[:, None, None, :])):
+                golden = reference_attention(q, k, v, mask)
+                ref = reference_attention(q.float(), k.float(), v.float(), mask)
+                ok, err, ref_err = _rule(subject.fn(q.float(), k.float(), v.float(), mask), ref, golden)
+                results[name] = {"served": True, "ok": ok, "err": err, "ref_err": ref_err}
+        what = "the function in float32 vs the float64 reference"
+    else:
+        raise Skip("no attnkit backends or attention implementations to compare (and no bare function)")
+    bad = [n for n, r in results.items() if r.get("served") and not r["ok"]]
+    served = {n: r for n, r in results.items() if r.get("served")}
+    text = ", ".join(f"{n} {r['err']:.1e}" for n, r in served.items())
+    ref_err = max(r["ref_err"] for r in served.values())
+    unserved = [n for n, r in results.items() if not r.get("served")]
+    extra = f"; {', '.join(unserved)} can't serve it" if unserved else ""
+    if bad:
+        return Outcome(FAIL, f"{', '.join(bad)} outside 2x the reference error ({what}: {text}; float32 reference "
+                       f"{ref_err:.1e}){extra}", results)
+    return Outcome(PASS, f"{what}: {text} (float32 reference {ref_err:.1e}, within 2x){extra}", results)
+

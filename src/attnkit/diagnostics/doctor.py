@@ -1,0 +1,145 @@
+"""The attention doctor: the pitfall checklist as automatic checks on any subject.
+
+>>> import torch, attnkit as ak
+>>> def my_attention(q, k, v, mask):                   # q, k, v (B, H, L, D); mask bool or None
+...     scores = q @ k.transpose(-2, -1)                # forgot / sqrt(d_k)
+...     if mask is not None:
+...         scores = scores.masked_fill(~mask, float("-inf"))
+...     return scores.softmax(-1) @ v
+>>> report = ak.doctor.examine(my_attention)
+>>> report["scale"].status
+'FAIL'
+
+``print(report)`` shows one line per check (PASS / WARN / FAIL / SKIP, the name, one line of evidence and
+the fix for each failure); ``report.to_json()`` gives the same as JSON; ``report.ok`` is False on any FAIL.
+"""
+
+from __future__ import annotations
+
+import json
+import textwrap
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+from attnkit.diagnostics.checks import FAIL, ORDER, PASS, REGISTRY, SKIP, WARN, Options, Skip
+from attnkit.diagnostics.subjects import TokenAdapter, make_subject
+from attnkit.errors import AttnkitValueError
+
+
+@dataclass
+class CheckResult:
+    """One line of the report."""
+
+    name: str
+    status: str
+    evidence: str
+    fix: str = ""
+    seconds: float = 0.0
+    details: dict = field(default_factory=dict)
+
+
+@dataclass
+class Report:
+    """The doctor's findings on one subject."""
+
+    subject: str
+    kind: str
+    results: list[CheckResult]
+
+    @property
+    def ok(self) -> bool:
+        """No check failed."""
+        return all(r.status != FAIL for r in self.results)
+
+    @property
+    def exit_code(self) -> int:
+        return 0 if self.ok else 1
+
+    def __getitem__(self, name: str) -> CheckResult:
+        for r in self.results:
+            if r.name == name:
+                return r
+        raise KeyError(f"no check named {name!r} in this report; checks: {[r.name for r in self.results]}")
+
+    def counts(self) -> dict[str, int]:
+        return {s: sum(r.status == s for r in self.results) for s in (PASS, WARN, FAIL, SKIP)}
+
+    def __str__(self) -> str:
+        width = max(len(r.name) for r in self.results) if self.results else 10
+        lines = [f"attnkit doctor: {self.subject} ({self.kind})", ""]
+        for r in self.results:
+            lines.append(f"{r.status:<5} {r.name:<{width}}  {r.evidence}")
+            if r.status == FAIL and r.fix:
+                lines.extend(textwrap.wrap(r.fix, 110, initial_indent=" " * (width + 8) + "fix: ",
+                                           subsequent_indent=" " * (width + 13), break_on_hyphens=False))
+        c = self.counts()
+        lines += ["", ", ".join(f"{n} {s}" for s, n in c.items()) + (" - no failures" if self.ok else " - FAILED")]
+        return "\n".join(lines)
+
+    def to_dict(self) -> dict:
+        return {"subject": self.subject, "kind": self.kind, "ok": self.ok, "counts": self.counts(),
+                "checks": [_jsonable(asdict(r)) for r in self.results]}
+
+    def to_json(self, indent: int | None = 2) -> str:
+        return json.dumps(self.to_dict(), indent=indent)
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and value != value:
+        return None
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    return str(value)
+
+
+def examine(subject, *, checks: Sequence[str] | None = None, skip: Sequence[str] = (), embed_dim: int | None = None,
+            adapter: TokenAdapter | None = None, fresh: bool | None = None, overfit: bool = False,
+            overfit_steps: int = 150, seed: int = 0, name: str | None = None) -> Report:
+    """Run the doctor's checks on ``subject`` and return a :class:`Report`.
+
+    Args:
+        subject: a bare attention function ``f(q, k, v, mask)`` (q, k, v ``(B, H, L, D)``; mask a bool tensor
+            broadcastable to ``(B, H, Lq, Lk)``, True = may attend, or None), a module ``m(x, mask)`` on
+            ``x (B, L, E)``, an :class:`attnkit.nn.MultiHeadAttention`, an attnkit model (decoder-model
+            protocol) or a Hugging Face model.
+        checks: run only these checks (names from ``attnkit.diagnostics.checks.ORDER``); default all.
+        skip: check names to leave out (reported as SKIP).
+        embed_dim: the input width E of a module, when it can't be read from the module.
+        adapter: a :class:`TokenAdapter` telling the doctor how to call any other token model.
+        fresh: True for a freshly initialised model (uniform attention is expected, the first loss must be
+            ~log(vocab)), False for a trained one (the initialisation check is skipped), None if unknown.
+        overfit: also train a copy on 10 samples (slower), for at most ``overfit_steps`` Adam steps.
+        seed: seed of every random input.
+    """
+    unknown = [c for c in list(checks or []) + list(skip) if c not in REGISTRY]
+    if unknown:
+        raise AttnkitValueError(f"unknown check names {unknown}; choose from {ORDER}.")
+    wrapped = make_subject(subject, embed_dim=embed_dim, adapter=adapter, name=name)
+    options = Options(seed=seed, fresh=fresh, overfit=overfit, overfit_steps=overfit_steps)
+    results = []
+    for check_name in ORDER:
+        chk = REGISTRY[check_name]
+        if checks is not None and check_name not in checks:
+            continue
+        start = time.perf_counter()
+        if check_name in skip:
+            results.append(CheckResult(check_name, SKIP, "skipped on request"))
+            continue
+        try:
+            outcome = chk.run(wrapped, options)
+            status, evidence, details = outcome.status, outcome.evidence, outcome.details
+        except Skip as why:
+            status, evidence, details = SKIP, str(why), {}
+        except Exception as exc:  # noqa: BLE001 - a subject that crashes under a check fails it
+            status, evidence, details = FAIL, f"raised {type(exc).__name__}: {str(exc).splitlines()[0][:160]}", {}
+        results.append(CheckResult(check_name, status, evidence, chk.fix if status == FAIL else "",
+                                   round(time.perf_counter() - start, 3), details))
+    return Report(wrapped.name, wrapped.kind, results)
+
+
+__all__ = ["examine", "Report", "CheckResult", "PASS", "WARN", "FAIL", "SKIP"]
