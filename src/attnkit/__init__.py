@@ -7,8 +7,9 @@
 sdpa
 """
 
-from attnkit import backends, errors, masks, nn, positions
+from attnkit import backends, cache, diagnostics, errors, masks, nn, positions
 from attnkit.backends import attention, explain
+from attnkit.diagnostics import doctor
 from attnkit.functional.linear import LinearState, linear_attention
 from attnkit.functional.reference import reference_attention
 
@@ -16,6 +17,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     "attention", "explain", "reference_attention", "linear_attention", "LinearState",
-    "masks", "positions", "backends", "errors", "nn",
+    "masks", "positions", "backends", "cache", "nn", "diagnostics", "doctor", "errors",
 ]
 
