@@ -167,7 +167,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"{case:10s} N={n:6d} " + "  ".join(
                 f"{k} {v['fwd_ms']:.1f}/{v.get('fwdbwd_ms', float('nan')):.1f}ms" for k, v in c.items()), flush=True)
     payload = {"matmul_peak_gflops": peak, "heads": args.heads, "head_dim": args.head_dim, "dtype": "float32",
-               "note": "2-core CPU shared with other engineers' test runs: read ratios from one run, not absolute times. "
+               "note": "2-core CPU; read ratios from one run, not absolute times. "
                        f"naive up to N={args.naive_max}, nn.MultiheadAttention up to N={args.mha_max} (time/memory).",
                "rows": rows}
     if args.bf16:
