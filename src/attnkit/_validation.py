@@ -103,6 +103,18 @@ def check_tensors(q: object, k: object, v: object) -> None:
         )
 
 
+def check_position_ids(positions: object, name: str = "positions") -> torch.Tensor:
+    """An integer tensor of token positions ``(L,)`` or ``(B, L)`` (used by the position embeddings)."""
+    if not isinstance(positions, torch.Tensor) or positions.dtype.is_floating_point or \
+            positions.dtype.is_complex or positions.dtype == torch.bool:
+        raise AttnkitTypeError(f"{name} must be an integer tensor, got {describe(positions)}; pass e.g. "
+                               "torch.arange(L) (int64).")
+    if positions.dim() not in (1, 2):
+        raise AttnkitValueError(f"{name} must have shape (L,) or (B, L), got {describe(positions)}; pass one "
+                                "position per token.")
+    return positions
+
+
 def check_positions(positions: object, name: str, batch: int, length: int, device: torch.device):
     if positions is None:
         return None

@@ -61,10 +61,7 @@ class MultiHeadAttention(nn.Module):
         self.out_proj = nn.Linear(H * D, embed_dim, bias=bias, **factory)
         self.rope, self.alibi = _positions_module(positions, D, H)
         if init_std is not None:
-            for linear in (self.qkv_proj, self.out_proj):
-                nn.init.normal_(linear.weight, mean=0.0, std=init_std)
-                if linear.bias is not None:
-                    nn.init.zeros_(linear.bias)
+            init_normal(self.qkv_proj, self.out_proj, std=init_std)
 
     def project(self, x: torch.Tensor, positions: torch.Tensor | None = None):
         """q ``(B, H, L, D)``, k and v ``(B, Hkv, L, D)``, with RoPE applied when configured."""
@@ -136,6 +133,14 @@ def _check_cache_call(cache, mask, positions) -> None:
                                 "tokens, e.g. torch.arange(n_cached, n_cached + L)[None].")
     if hasattr(cache, "check_mask"):
         cache.check_mask(mask)
+
+
+def init_normal(*linears: nn.Linear, std: float) -> None:
+    """GPT-style init: weights from normal(0, std), biases zero."""
+    for linear in linears:
+        nn.init.normal_(linear.weight, mean=0.0, std=std)
+        if linear.bias is not None:
+            nn.init.zeros_(linear.bias)
 
 
 def _check_shape_args(embed_dim, num_heads, num_kv_heads, head_dim) -> None:

@@ -18,7 +18,7 @@ from torch import nn
 from attnkit.errors import AttnkitValueError, BackendUnsupportedError, describe
 from attnkit.functional.linear import LinearState, linear_attention, resolve_feature_map
 from attnkit.masks import And, Causal, MaskSpec, Padding
-from attnkit.nn.attention import _check_shape_args
+from attnkit.nn.attention import _check_shape_args, init_normal
 
 
 class LinearAttentionCache:
@@ -87,10 +87,7 @@ class LinearAttention(nn.Module):
         self.out_proj = nn.Linear(H * D, embed_dim, bias=bias, **factory)
         self.dropout = nn.Dropout(dropout)
         if init_std is not None:
-            for linear in (self.qkv_proj, self.out_proj):
-                nn.init.normal_(linear.weight, mean=0.0, std=init_std)
-                if linear.bias is not None:
-                    nn.init.zeros_(linear.bias)
+            init_normal(self.qkv_proj, self.out_proj, std=init_std)
 
     def new_cache(self, batch_size: int | None = None, **_: object) -> LinearAttentionCache:
         """An empty decoding cache (its state is created on the first forward)."""

@@ -13,6 +13,7 @@ import math
 import torch
 from torch import nn
 
+from attnkit._validation import check_position_ids
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
 
 
@@ -48,13 +49,7 @@ class Learned(nn.Module):
         return f"max_positions={self.max_positions}, embed_dim={self.embed_dim}, init_std={self.init_std}"
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
-        if not isinstance(positions, torch.Tensor) or positions.dtype.is_floating_point or \
-                positions.dtype.is_complex or positions.dtype == torch.bool:
-            raise AttnkitTypeError(f"positions must be an integer tensor, got {describe(positions)}; pass e.g. "
-                                   "torch.arange(L) (int64).")
-        if positions.dim() not in (1, 2):
-            raise AttnkitValueError(f"positions must have shape (L,) or (B, L), got {describe(positions)}; pass one "
-                                    "position per token.")
+        check_position_ids(positions)
         if positions.numel():
             low, high = int(positions.min()), int(positions.max())
             if low < 0:

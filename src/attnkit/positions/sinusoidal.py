@@ -20,6 +20,7 @@ import math
 import torch
 from torch import nn
 
+from attnkit._validation import check_position_ids
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
 
 
@@ -42,13 +43,7 @@ class Sinusoidal(nn.Module):
         return f"embed_dim={self.embed_dim}, base={self.base}"
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
-        if not isinstance(positions, torch.Tensor) or positions.dtype.is_floating_point or \
-                positions.dtype.is_complex or positions.dtype == torch.bool:
-            raise AttnkitTypeError(f"positions must be an integer tensor, got {describe(positions)}; pass e.g. "
-                                   "torch.arange(L) (int64).")
-        if positions.dim() not in (1, 2):
-            raise AttnkitValueError(f"positions must have shape (L,) or (B, L), got {describe(positions)}; pass one "
-                                    "position per token.")
+        check_position_ids(positions)
         device = positions.device
         compute = torch.float32 if device.type == "mps" else torch.float64
         exponent = torch.arange(0, self.embed_dim, 2, dtype=compute, device=device) / self.embed_dim  # (ceil(E/2),)
