@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 
@@ -111,7 +109,6 @@ def test_padding_by_position_errors():
         padding_by_position(torch.ones(1, 3), torch.arange(3)[None])
 
 
-@pytest.mark.skipif(importlib.util.find_spec("attnkit.models.lm") is None, reason="TransformerLM not present yet")
 @pytest.mark.parametrize(("kind", "window", "positions"), [("dynamic", None, "rope"), ("static", None, "alibi"),
                                                             ("sliding", 4, "rope"), ("dynamic", None, "learned")])
 def test_transformer_lm_cached_equals_full(kind, window, positions):
@@ -136,7 +133,6 @@ def test_transformer_lm_cached_equals_full(kind, window, positions):
     assert generate(lm, [prompt.tolist()], max_new_tokens=6, cache=kind) == [want[4:].tolist()]
 
 
-@pytest.mark.skipif(importlib.util.find_spec("attnkit.models.lm") is None, reason="TransformerLM not present yet")
 @pytest.mark.parametrize(("kind", "window", "positions"), [("dynamic", None, "rope"), ("static", None, "learned"),
                                                             ("sliding", 3, "alibi")])
 def test_transformer_lm_left_padded_batch_generates_each_row_alone(kind, window, positions):
