@@ -14,11 +14,82 @@ import torch.nn.functional as F
 
 from attnkit._bias import StructuredBias
 from attnkit._validation import AttentionCall
-from attnkit.masks import Causal, materialize
+from attnkit.masks import Causal, Custom, MaskSpec, materialize
+
+
+class LastDenseMask:
+    """The dense mask (and its empty rows) of the last call, reused while the same mask object meets the
+    same positions: the layers of one model forward share both, so the mask is built once per forward
+    instead of once per layer.
+
+    A hit needs the identical mask object, lengths, device and positions tensors (or both default), and
+    unchanged versions of every tensor inside the mask, so an in-place edit of mask data is never missed.
+    Custom masks (arbitrary closures), masks over more than ``MAX_ENTRIES`` (Lq x Lk), inference tensors
+    and calls under ``torch.compile`` are never memoised, so at most a 16 MiB mask stays alive between calls.
+    """
+
+    MAX_ENTRIES = 1 << 24
+
+    def __init__(self):
+        self.entry: tuple | None = None  # (key, tensors kept alive, versions, attn_mask, empty_rows)
+
+    def get(self, call: AttentionCall) -> tuple[torch.Tensor, torch.Tensor]:
+        tensors = _mask_tensors(call.mask)
+        if tensors is None or call.q_len * call.kv_len > self.MAX_ENTRIES or torch.compiler.is_compiling() or any(
+                t is not None and t.is_inference() for t in (*tensors, call.q_positions, call.kv_positions)):
+            return _dense(call)  # inference tensors have no version counter to detect in-place edits
+        held = (call.mask, *tensors, call.q_positions, call.kv_positions)  # kept alive: no storage is reused
+        # positions are fresh views each call (validation reshapes them): compare their storage, not the object
+        key = (call.q_len, call.kv_len, call.q.device, _storage(call.q_positions), _storage(call.kv_positions))
+        versions = tuple(t._version for t in tensors)
+        entry = self.entry
+        if entry is not None and entry[0] == key and entry[2] == versions and len(entry[1]) == len(held) \
+                and all(a is b for a, b in zip(entry[1][:-2], held[:-2])):
+            return entry[3], entry[4]
+        attn_mask, empty_rows = _dense(call)
+        self.entry = (key, held, versions, attn_mask, empty_rows)
+        return attn_mask, empty_rows
+
+
+def _storage(t: torch.Tensor | None) -> tuple | None:
+    """What identifies a positions tensor's contents while a reference keeps its storage alive."""
+    return None if t is None else (t.data_ptr(), tuple(t.shape), t.stride(), t.dtype, t._version)
+
+
+def _mask_tensors(mask) -> list[torch.Tensor] | None:
+    """Every tensor held inside a mask tree; None when the mask can't be memoised (custom or a raw tensor)."""
+    if not isinstance(mask, MaskSpec):
+        return None
+    found, stack = [], [mask]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, Custom):
+            return None
+        for value in vars(node).values():
+            if isinstance(value, torch.Tensor):
+                found.append(value)
+            elif isinstance(value, MaskSpec):
+                stack.append(value)
+            elif isinstance(value, tuple):
+                stack.extend(part for part in value if isinstance(part, MaskSpec))
+    return found
+
+
+def _dense(call: AttentionCall) -> tuple[torch.Tensor, torch.Tensor]:
+    """The call's dense bool mask with empty rows opened, and the empty-row mask ``(B|1, H|1, Lq, 1)``.
+
+    Rows with no visible key see every key and get their output zeroed afterwards: finite gradients on
+    every kernel, whatever it does with an all-masked row."""
+    attn_mask = materialize(call.mask, *call.positions())  # bool, broadcastable to (B, H, Lq, Lk)
+    empty_rows = ~attn_mask.any(dim=-1, keepdim=True)  # (B|1, H|1, Lq, 1)
+    return attn_mask | empty_rows, empty_rows
 
 
 class SDPABackend:
     name = "sdpa"
+
+    def __init__(self):
+        self.last_mask = LastDenseMask()
 
     def available(self) -> list[str]:
         return [] if hasattr(F, "scaled_dot_product_attention") else ["torch lacks scaled_dot_product_attention"]
@@ -61,11 +132,7 @@ class SDPABackend:
         mode = self._mode(call)
         attn_mask, is_causal, empty_rows = None, mode == "causal", None
         if mode == "dense":
-            attn_mask = materialize(call.mask, *call.positions())  # bool, broadcastable to (B, H, Lq, Lk)
-            # Rows with no visible key: let them see every key, then zero their output (finite gradients
-            # on every kernel, whatever it does with an all-masked row).
-            empty_rows = ~attn_mask.any(dim=-1, keepdim=True)  # (B|1, H|1, Lq, 1)
-            attn_mask = attn_mask | empty_rows
+            attn_mask, empty_rows = self.last_mask.get(call)
         if call.bias is not None:
             bias = call.bias.materialize(*call.positions()) if isinstance(call.bias, StructuredBias) else call.bias
             bias = bias.to(call.q.dtype)
