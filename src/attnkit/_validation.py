@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from attnkit._bias import StructuredBias
+from attnkit._checks import number as check_scalar
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
 from attnkit.masks import MaskSpec, default_positions
 
@@ -168,14 +169,6 @@ def _check_broadcast(t: torch.Tensor, name: str, shape: tuple[int, int, int, int
     if not ok:
         raise AttnkitValueError(f"{name} of shape {tuple(t.shape)} does not broadcast to (B, H, Lq, Lk)={shape}; "
                                 "give it shape (Lq, Lk), (B, 1, Lq, Lk) or (B, H, Lq, Lk).")
-
-
-def check_scalar(value: object, name: str, *, low: float, high: float, fix: str, low_open: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise AttnkitTypeError(f"{name} must be a finite number, got {describe(value)}; {fix}")
-    if not ((low < value) if low_open else (low <= value)) or not value < high:
-        raise AttnkitValueError(f"{name} must be in {'(' if low_open else '['}{low}, {high}), got {value}; {fix}")
-    return float(value)
 
 
 def build_call(q, k, v, mask=None, *, bias=None, scale=None, softcap=None, dropout_p=0.0,

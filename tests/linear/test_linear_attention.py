@@ -113,7 +113,7 @@ def test_custom_feature_map():
     ("kwargs", "error", "match"),
     [
         ({"feature_map": "softmax"}, AttnkitValueError, "feature_map must be one of"),
-        ({"eps": 0.0}, AttnkitValueError, "eps must be in"),
+        ({"eps": 0.0}, AttnkitValueError, "eps must be > 0.0, got 0.0"),
         ({"chunk_size": 0}, AttnkitValueError, "chunk_size must be a positive int"),
         ({"mode": "fast"}, AttnkitValueError, "mode must be one of"),
         ({"causal": False, "return_state": True}, AttnkitValueError, "state/return_state need causal=True"),

@@ -22,6 +22,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from attnkit._checks import positive_int
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
 from attnkit.masks import And, Causal, MaskSpec, SlidingWindow
 
@@ -63,7 +64,7 @@ class CacheBase:
     def __init__(self, batch_size: int, num_kv_heads: int, head_dim: int, *, dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None):
         for name, value in (("batch_size", batch_size), ("num_kv_heads", num_kv_heads), ("head_dim", head_dim)):
-            _positive_int(value, name)
+            positive_int(value, name)
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise AttnkitTypeError(f"dtype must be a floating-point torch.dtype, got {describe(dtype)}; pass the "
                                    "model's dtype, e.g. dtype=next(model.parameters()).dtype.")
@@ -71,6 +72,14 @@ class CacheBase:
         self.dtype, self.device = dtype, torch.device(device if device is not None else "cpu")
         self._length = 0
         self._next: torch.Tensor | None = None  # (B, 1) next expected position per row
+
+    def _allocate(self, slots: int, empty_position: int) -> None:
+        """Preallocate ``slots`` key/value slots per row, ``(B, Hkv, slots, D)``, positions ``(B, slots)``."""
+        shape = (self.batch_size, self.num_kv_heads, slots, self.head_dim)
+        self.k = torch.zeros(shape, dtype=self.dtype, device=self.device)  # (B, Hkv, slots, D)
+        self.v = torch.zeros(shape, dtype=self.dtype, device=self.device)  # (B, Hkv, slots, D)
+        self.positions = torch.full((self.batch_size, slots), empty_position, dtype=torch.long,
+                                    device=self.device)  # (B, slots)
 
     # ------------------------------------------------------------------ the protocol
     def update(self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor):
@@ -178,10 +187,6 @@ class CacheBase:
                 f"head_dim={self.head_dim}, length={self.length})")
 
 
-def _positive_int(value: object, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise AttnkitValueError(f"{name} must be a positive int, got {describe(value)}.")
-    return value
 
 
 def _rows(positions: torch.Tensor, limit: int = 3) -> str:

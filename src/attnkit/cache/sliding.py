@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import torch
 
-from attnkit.cache.base import CacheBase, _conjuncts, _positive_int
+from attnkit._checks import positive_int
+from attnkit.cache.base import CacheBase, _conjuncts
 from attnkit.errors import AttnkitValueError
 from attnkit.masks import Causal, MaskSpec, SlidingWindow
 
@@ -32,11 +33,8 @@ class SlidingWindowCache(CacheBase):
     def __init__(self, batch_size: int, num_kv_heads: int, head_dim: int, *, window: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
         super().__init__(batch_size, num_kv_heads, head_dim, dtype=dtype, device=device)
-        self.window = _positive_int(window, "window")
-        shape = (batch_size, num_kv_heads, window, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=self.device)  # (B, Hkv, W, D)
-        self.v = torch.zeros(shape, dtype=dtype, device=self.device)  # (B, Hkv, W, D)
-        self.positions = torch.zeros(batch_size, window, dtype=torch.long, device=self.device)  # (B, W)
+        self.window = positive_int(window, "window")
+        self._allocate(self.window, 0)
 
     def check_mask(self, mask: object) -> None:
         windows = [p.window for p in _conjuncts(mask) if isinstance(p, SlidingWindow)]

@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import torch
 
-from attnkit.cache.base import EMPTY_POSITION, CacheBase, CacheFullError, _positive_int
+from attnkit._checks import positive_int
+from attnkit.cache.base import EMPTY_POSITION, CacheBase, CacheFullError
 
 
 class StaticCache(CacheBase):
@@ -26,12 +27,8 @@ class StaticCache(CacheBase):
     def __init__(self, batch_size: int, num_kv_heads: int, head_dim: int, *, max_length: int,
                  dtype: torch.dtype = torch.float32, device: torch.device | str | None = None):
         super().__init__(batch_size, num_kv_heads, head_dim, dtype=dtype, device=device)
-        self.max_length = _positive_int(max_length, "max_length")
-        shape = (batch_size, num_kv_heads, max_length, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=self.device)  # (B, Hkv, M, D)
-        self.v = torch.zeros(shape, dtype=dtype, device=self.device)  # (B, Hkv, M, D)
-        self.positions = torch.full((batch_size, max_length), EMPTY_POSITION, dtype=torch.long,
-                                    device=self.device)  # (B, M)
+        self.max_length = positive_int(max_length, "max_length")
+        self._allocate(self.max_length, EMPTY_POSITION)
         self._cursor = torch.zeros((), dtype=torch.long, device=self.device)  # next free slot
 
     @property

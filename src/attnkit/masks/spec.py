@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attnkit._checks import positive_int
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
 
 # fn(b, h, q_idx, kv_idx) -> bool tensor, all arguments broadcasting int64 tensors
@@ -116,12 +117,6 @@ def _check_spec(other: object, op: str) -> MaskSpec:
     return other
 
 
-def _positive_int(value: object, name: str, hint: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise AttnkitValueError(f"{name} must be a positive int, got {describe(value)}; {hint}")
-    return value
-
-
 def _lookup(ctx: MaskContext):
     """Position lookups shared by the position-based masks."""
     qp, kvp = ctx.q_positions, ctx.kv_positions
@@ -155,7 +150,7 @@ class SlidingWindow(MaskSpec):
     """Causal window of W keys including the query itself: p - W < j <= p."""
 
     def __init__(self, window: int):
-        self.window = _positive_int(window, "window", "use window >= 1 (window=1 lets a token see only itself).")
+        self.window = positive_int(window, "window", "use window >= 1 (window=1 lets a token see only itself).")
 
     def bind(self, ctx: MaskContext) -> BoundMask:
         positions, window = _lookup(ctx), self.window
@@ -175,7 +170,7 @@ class Strided(MaskSpec):
     itself: combine with ``causal()``)."""
 
     def __init__(self, stride: int):
-        self.stride = _positive_int(stride, "stride", "use stride >= 1.")
+        self.stride = positive_int(stride, "stride", "use stride >= 1.")
 
     def bind(self, ctx: MaskContext) -> BoundMask:
         positions, stride = _lookup(ctx), self.stride

@@ -27,6 +27,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from attnkit import masks
+from attnkit._checks import positive_int
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
 from attnkit.nn import LinearAttention, MultiHeadAttention
 from attnkit.positions import Learned, Sinusoidal
@@ -61,11 +62,11 @@ class LMConfig:
 
     def __post_init__(self):
         for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len"):
-            _positive_int(getattr(self, name), name)
+            positive_int(getattr(self, name), name)
         if self.positions not in POSITIONS:
             raise AttnkitValueError(f"positions must be one of {POSITIONS}, got {self.positions!r}; 'rope' is the default.")
         if self.window is not None:
-            _positive_int(self.window, "window")
+            positive_int(self.window, "window")
             if not self.causal:
                 raise AttnkitValueError(f"window={self.window} needs causal=True (a sliding window is causal); "
                                         "drop window for a bidirectional encoder.")
@@ -96,9 +97,6 @@ class LMConfig:
         return replace(self, **changes)
 
 
-def _positive_int(value: object, name: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise AttnkitValueError(f"{name} must be a positive int, got {describe(value)}.")
 
 
 def softmax_attention(config: LMConfig, index: int) -> nn.Module:

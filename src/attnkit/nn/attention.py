@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from attnkit._checks import positive_int
 from attnkit._validation import check_positions
 from attnkit.backends import attention, get
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
@@ -145,16 +146,15 @@ def init_normal(*linears: nn.Linear, std: float) -> None:
 
 def _check_shape_args(embed_dim, num_heads, num_kv_heads, head_dim) -> None:
     for name, value in (("embed_dim", embed_dim), ("num_heads", num_heads), ("num_kv_heads", num_kv_heads)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise AttnkitValueError(f"{name} must be a positive int, got {describe(value)}.")
+        positive_int(value, name)
     if num_heads % num_kv_heads:
         raise AttnkitValueError(f"num_heads={num_heads} must be a multiple of num_kv_heads={num_kv_heads}; "
                                 "choose num_kv_heads dividing num_heads (1 = MQA, num_heads = MHA).")
     if head_dim is None and embed_dim % num_heads:
         raise AttnkitValueError(f"embed_dim={embed_dim} must be divisible by num_heads={num_heads}, or pass "
                                 "head_dim explicitly.")
-    if head_dim is not None and (isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim < 1):
-        raise AttnkitValueError(f"head_dim must be a positive int, got {describe(head_dim)}.")
+    if head_dim is not None:
+        positive_int(head_dim, "head_dim")
 
 
 def _positions_module(positions, head_dim: int, num_heads: int):

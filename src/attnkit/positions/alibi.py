@@ -23,15 +23,7 @@ import torch
 from torch import nn
 
 from attnkit._bias import StructuredBias
-from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
-
-
-def _check_num_heads(num_heads: object) -> int:
-    if isinstance(num_heads, bool) or not isinstance(num_heads, int):
-        raise AttnkitTypeError(f"num_heads must be an int, got {describe(num_heads)}; pass the number of query heads.")
-    if num_heads < 1:
-        raise AttnkitValueError(f"num_heads must be >= 1, got {num_heads}; pass the number of query heads.")
-    return num_heads
+from attnkit._checks import integer
 
 
 def _power_of_two_slopes(n: int) -> list[float]:
@@ -47,7 +39,8 @@ def _slopes(num_heads: int) -> list[float]:
 
 def alibi_slopes(num_heads: int) -> torch.Tensor:
     """ALiBi slopes ``(H,)`` float32 for ``num_heads`` heads, per the paper (computed in float64, then rounded)."""
-    return torch.tensor(_slopes(_check_num_heads(num_heads)), dtype=torch.float64).float()  # (H,)
+    num_heads = integer(num_heads, "num_heads", low=1, fix="pass the number of query heads.")
+    return torch.tensor(_slopes(num_heads), dtype=torch.float64).float()  # (H,)
 
 
 class ALiBi(nn.Module, StructuredBias):
@@ -61,7 +54,7 @@ class ALiBi(nn.Module, StructuredBias):
 
     def __init__(self, num_heads: int):
         super().__init__()
-        self.num_heads = _check_num_heads(num_heads)
+        self.num_heads = integer(num_heads, "num_heads", low=1, fix="pass the number of query heads.")
         self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
 
     def extra_repr(self) -> str:

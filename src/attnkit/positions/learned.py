@@ -13,16 +13,9 @@ import math
 import torch
 from torch import nn
 
+from attnkit._checks import integer
 from attnkit._validation import check_position_ids
-from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
-
-
-def _check_int(value: object, name: str, fix: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise AttnkitTypeError(f"{name} must be an int, got {describe(value)}; {fix}")
-    if value < 1:
-        raise AttnkitValueError(f"{name} must be >= 1, got {value}; {fix}")
-    return value
+from attnkit.errors import AttnkitValueError, describe
 
 
 class Learned(nn.Module):
@@ -33,8 +26,8 @@ class Learned(nn.Module):
 
     def __init__(self, max_positions: int, embed_dim: int, init_std: float = 0.02):
         super().__init__()
-        self.max_positions = _check_int(max_positions, "max_positions", "pass the longest sequence length to support.")
-        self.embed_dim = _check_int(embed_dim, "embed_dim", "pass the model width E.")
+        self.max_positions = integer(max_positions, "max_positions", low=1, fix="pass the longest sequence length to support.")
+        self.embed_dim = integer(embed_dim, "embed_dim", low=1, fix="pass the model width E.")
         if isinstance(init_std, bool) or not isinstance(init_std, (int, float)) or not math.isfinite(init_std) \
                 or init_std < 0:
             raise AttnkitValueError(f"init_std must be a finite number >= 0, got {describe(init_std)}; use e.g. 0.02.")

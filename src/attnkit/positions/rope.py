@@ -29,26 +29,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from attnkit._checks import integer, number
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
 
 _STYLES = ("half", "interleaved")
-
-
-def _check_number(value: object, name: str, *, low: float, fix: str, low_open: bool = False) -> float:
-    """``value`` as a float after checking it is a finite real number >= ``low`` (> ``low`` if ``low_open``)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise AttnkitTypeError(f"{name} must be a finite number, got {describe(value)}; {fix}")
-    if value < low or (low_open and value == low):
-        raise AttnkitValueError(f"{name} must be {'>' if low_open else '>='} {low}, got {value}; {fix}")
-    return float(value)
-
-
-def _check_int(value: object, name: str, *, low: int, fix: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise AttnkitTypeError(f"{name} must be an int, got {describe(value)}; {fix}")
-    if value < low:
-        raise AttnkitValueError(f"{name} must be >= {low}, got {value}; {fix}")
-    return value
 
 
 # --------------------------------------------------------------------------------------------- scaling configs
@@ -64,7 +48,7 @@ class LinearScaling:
     factor: float
 
     def __post_init__(self):
-        _check_number(self.factor, "LinearScaling.factor", low=1.0,
+        number(self.factor, "LinearScaling.factor", low=1.0,
                       fix="use factor = target context length / trained context length (>= 1).")
 
 
@@ -79,7 +63,7 @@ class NTKScaling:
     factor: float
 
     def __post_init__(self):
-        _check_number(self.factor, "NTKScaling.factor", low=1.0,
+        number(self.factor, "NTKScaling.factor", low=1.0,
                       fix="use factor = target context length / trained context length (>= 1).")
 
     def effective_base(self, base: float, head_dim: int) -> float:
@@ -107,13 +91,13 @@ class YaRNScaling:
     truncate: bool = True
 
     def __post_init__(self):
-        _check_number(self.factor, "YaRNScaling.factor", low=1.0,
+        number(self.factor, "YaRNScaling.factor", low=1.0,
                       fix="use factor = target context length / original_max_positions (>= 1).")
-        _check_int(self.original_max_positions, "YaRNScaling.original_max_positions", low=1,
+        integer(self.original_max_positions, "YaRNScaling.original_max_positions", low=1,
                    fix="give the context length the model was trained with, e.g. 4096.")
-        _check_number(self.beta_slow, "YaRNScaling.beta_slow", low=0.0, low_open=True,
+        number(self.beta_slow, "YaRNScaling.beta_slow", low=0.0, low_open=True,
                       fix="use the paper's defaults beta_fast=32, beta_slow=1.")
-        _check_number(self.beta_fast, "YaRNScaling.beta_fast", low=0.0, low_open=True,
+        number(self.beta_fast, "YaRNScaling.beta_fast", low=0.0, low_open=True,
                       fix="use the paper's defaults beta_fast=32, beta_slow=1.")
         if self.beta_fast <= self.beta_slow:
             raise AttnkitValueError(
@@ -121,7 +105,7 @@ class YaRNScaling:
                 f"beta_slow={self.beta_slow}; use the paper's defaults beta_fast=32, beta_slow=1."
             )
         if self.attention_factor is not None:
-            _check_number(self.attention_factor, "YaRNScaling.attention_factor", low=0.0, low_open=True,
+            number(self.attention_factor, "YaRNScaling.attention_factor", low=0.0, low_open=True,
                           fix="omit it for the default 0.1 * ln(factor) + 1.")
 
     @property
@@ -254,11 +238,11 @@ class RoPE(nn.Module):
 
     def __init__(self, head_dim: int, base: float = 10000.0, style: str = "half", scaling: object = None):
         super().__init__()
-        _check_int(head_dim, "head_dim", low=2, fix="RoPE rotates channel pairs: use an even head_dim >= 2.")
+        integer(head_dim, "head_dim", low=2, fix="RoPE rotates channel pairs: use an even head_dim >= 2.")
         if head_dim % 2:
             raise AttnkitValueError(f"head_dim must be even for RoPE (it rotates channel pairs), got {head_dim}; "
                                     "use an even head_dim (e.g. head_dim + 1 with a wider projection).")
-        self.base = _check_number(base, "base", low=1.0, low_open=True, fix="use e.g. base=10000.0 (rope_theta).")
+        self.base = number(base, "base", low=1.0, low_open=True, fix="use e.g. base=10000.0 (rope_theta).")
         if style not in _STYLES:
             raise AttnkitValueError(f"style must be 'half' or 'interleaved', got {style!r}; 'half' pairs (x[i], "
                                     "x[i + D/2]) as LLaMA/Hugging Face, 'interleaved' pairs (x[2i], x[2i+1]) as GPT-J.")
@@ -346,8 +330,8 @@ def convert_rope_layout(weight: torch.Tensor, num_heads: int, head_dim: int, to:
     if not isinstance(weight, torch.Tensor):
         raise AttnkitTypeError(f"weight must be a torch.Tensor (a q/k projection weight or bias), got "
                                f"{describe(weight)}; pass e.g. attn.q_proj.weight.data.")
-    _check_int(num_heads, "num_heads", low=1, fix="pass the number of heads of this projection (num_kv_heads for k).")
-    _check_int(head_dim, "head_dim", low=2, fix="pass the per-head dimension D (even).")
+    integer(num_heads, "num_heads", low=1, fix="pass the number of heads of this projection (num_kv_heads for k).")
+    integer(head_dim, "head_dim", low=2, fix="pass the per-head dimension D (even).")
     if head_dim % 2:
         raise AttnkitValueError(f"head_dim must be even for RoPE, got {head_dim}; pass the per-head dimension D.")
     if to not in _STYLES:

@@ -20,8 +20,9 @@ import math
 import torch
 from torch import nn
 
+from attnkit._checks import integer
 from attnkit._validation import check_position_ids
-from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
+from attnkit.errors import AttnkitValueError, describe
 
 
 class Sinusoidal(nn.Module):
@@ -29,10 +30,7 @@ class Sinusoidal(nn.Module):
 
     def __init__(self, embed_dim: int, base: float = 10000.0):
         super().__init__()
-        if isinstance(embed_dim, bool) or not isinstance(embed_dim, int):
-            raise AttnkitTypeError(f"embed_dim must be an int, got {describe(embed_dim)}; pass the model width E.")
-        if embed_dim < 1:
-            raise AttnkitValueError(f"embed_dim must be >= 1, got {embed_dim}; pass the model width E.")
+        integer(embed_dim, "embed_dim", low=1, fix="pass the model width E.")
         if isinstance(base, bool) or not isinstance(base, (int, float)) or not math.isfinite(base) or base <= 0:
             raise AttnkitValueError(f"base must be a finite number > 0, got {describe(base)}; use the paper's "
                                     "base=10000.0.")
