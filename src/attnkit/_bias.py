@@ -19,10 +19,19 @@ class StructuredBias:
     """
 
     num_heads: int
+    #: True when ``score`` depends on the positions only through ``kv_pos - q_pos`` (ALiBi): backends may
+    #: then tabulate it once per offset instead of per entry
+    relative: bool = False
 
     def score(self, h: torch.Tensor, q_pos: torch.Tensor, kv_pos: torch.Tensor) -> torch.Tensor:
         """Bias for head index ``h``, query position ``q_pos`` and key position ``kv_pos`` (broadcasting)."""
         raise NotImplementedError
+
+    def reach(self, margin: torch.Tensor) -> torch.Tensor | None:
+        """For a relative bias that is 0 at offset 0 and falls with distance: per head, the largest
+        ``|offset|`` at which the bias is still ``>= -margin[h]`` (float ``(H,)``); None when it has no such
+        bound. Backends may skip keys beyond it when ``margin`` covers what the scores can add back."""
+        return None
 
     def materialize(self, q_positions: torch.Tensor, kv_positions: torch.Tensor) -> torch.Tensor:
         """Dense float32 bias ``(B|1, H, Lq, Lk)`` for positions ``(B|1, Lq)`` and ``(B|1, Lk)``."""

@@ -29,6 +29,8 @@ def _no_flex_opt_in():
     (None, {}, 2048, None, "sdpa"),
     (M.causal(), {}, 4096, None, "sdpa"),  # is_causal flag: one fused kernel
     (M.causal(), {"bias": "alibi"}, 4096, None, "blocksparse"),  # structured bias on long sequences
+    (M.causal(), {"bias": "alibi"}, 2048, None, "blocksparse"),  # the tiled kernel wins from 2048 keys
+    (M.causal(), {"bias": "alibi"}, 1024, None, "sdpa"),
     (M.sliding_window(256), {}, 4096, None, "blocksparse"),
     (M.sliding_window(256), {}, 2048, None, "sdpa"),  # short: a dense mask costs little
     (M.sliding_window(256), {}, 4096, 1, "sdpa"),  # a decode step: one query row

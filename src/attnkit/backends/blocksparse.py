@@ -1,11 +1,13 @@
 """The ``blocksparse`` backend: compute only the key ranges each piece of queries can reach.
 
-No custom kernel: :mod:`attnkit.backends.block_plan` cuts the queries into pieces with the keys their mask
-can reach; pieces of equal shape are stacked along the batch dim and run through
+:mod:`attnkit.backends.block_plan` cuts the queries into pieces with the keys their mask can reach. Without
+a bias, pieces of equal shape are stacked along the batch dim and run through
 ``F.scaled_dot_product_attention`` with the small per-piece mask (or ``is_causal=True`` where the piece is
-exactly causal). Autograd gives the backward; cost and memory grow with the reachable entries, not with
-Lq x Lk. A structured bias (ALiBi) is evaluated per piece from positions, never as an Lq x Lk tensor.
-Rows with no visible key give 0 with finite gradients.
+exactly causal); autograd gives the backward. With a bias (ALiBi, a float tensor) the pieces run through
+the tiled kernel of :mod:`attnkit.backends.tiled`, their additive term read from an offset table
+(:mod:`attnkit.backends.relative`) or evaluated per piece from positions, never as an Lq x Lk tensor.
+Cost and memory grow with the reachable entries, not with Lq x Lk. Rows with no visible key give 0 with
+finite gradients.
 
 Shape legend: B batch, R batch rows of a plan, H query heads, Hkv key/value heads, T stacked pieces,
 lq/lk a piece's query/key counts, D/Dv head dims.
@@ -15,11 +17,13 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 from attnkit._bias import StructuredBias
 from attnkit._validation import AttentionCall
 from attnkit.backends.block_plan import Piece, Plan, make_plan
+from attnkit.backends.relative import describe, relative_groups
+from attnkit.backends.tiled import tiled_attention
+from attnkit.functional.reference import expand_kv
 from attnkit.masks import Dense, MaskContext, MaskSpec
 from attnkit.masks.blocks import evaluate_on
 from attnkit.masks.dense import context_for
@@ -40,15 +44,30 @@ class BlockSparseBackend:
         return reasons
 
     def plan(self, call: AttentionCall) -> str:
+        mask, _ = _mask_and_context(call)
+        groups = relative_groups(call, mask)
+        if groups is not None:
+            return describe(groups, call)
         plans = make_plans(call)
         return "skips unreachable key blocks: " + plans[0].describe() + (
             f" (per batch row, {len(plans)} plans)" if len(plans) > 1 else "")
 
     def __call__(self, call: AttentionCall) -> torch.Tensor:
         mask, ctx = _mask_and_context(call)
+        groups = relative_groups(call, mask)
+        if groups is not None:  # offset-only mask and bias: table slices, no per-piece evaluation
+            return _run_relative(call, groups)
         plans = make_plans(call, mask, ctx)
         outs = [run_plan(call, plan, mask, ctx) for plan in plans]  # (R, H, Lq, Dv) each
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)  # (B, H, Lq, Dv)
+
+
+def _run_relative(call: AttentionCall, groups: list) -> torch.Tensor:
+    """Each head group as one tiled call: ``(B, H, Lq, Dv)``."""
+    k, v = (expand_kv(t, call.num_heads) for t in (call.k, call.v))  # (B, H, Lk, D|Dv)
+    outs = [tiled_attention(call.q[:, g.heads], k[:, g.heads], v[:, g.heads], g.pieces, g.terms, scale=call.scale,
+                            dropout_p=call.dropout_p) for g in groups]  # (B, h, Lq, Dv) each
+    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)  # (B, H, Lq, Dv)
 
 
 def _mask_and_context(call: AttentionCall) -> tuple[MaskSpec | None, MaskContext]:
@@ -85,6 +104,20 @@ def run_plan(call: AttentionCall, plan: Plan, mask: MaskSpec | None, ctx: MaskCo
         k, v = k[:, :, plan.kv_perm], v[:, :, plan.kv_perm]  # (R, Hkv, Lk, D)
     q_map = plan.q_perm if plan.q_perm is not None else torch.arange(plan.q_len, device=q.device)
     kv_map = plan.kv_perm if plan.kv_perm is not None else torch.arange(plan.kv_len, device=q.device)
+    if call.bias is not None:
+        k, v = (expand_kv(t, call.num_heads) for t in (k, v))  # (R, H, Lk, D|Dv)
+        out = tiled_attention(q, k, v, plan.pieces, lambda i: _piece_terms(
+            call, plan.pieces[i], mask, ctx, rows, q_map, kv_map), scale=call.scale, dropout_p=call.dropout_p)
+    else:
+        out = _run_sdpa(call, plan, mask, ctx, q, k, v, q_map, kv_map)  # (R, H, Lq, Dv) in plan order
+    if plan.q_perm is not None:
+        out = out[:, :, torch.argsort(plan.q_perm)]  # (R, H, Lq, Dv) in index order
+    return out
+
+
+def _run_sdpa(call, plan, mask, ctx, q, k, v, q_map, kv_map) -> torch.Tensor:
+    """Equal-shaped pieces stacked into SDPA calls: ``(R, H, Lq, Dv)`` in plan order."""
+    rows = plan.rows
     R, H, Dv = q.shape[0], q.shape[1], v.shape[-1]
     outputs: list[torch.Tensor | None] = [None] * len(plan.pieces)
     for (_lq, _lk, mode), ids in plan.groups().items():
@@ -95,10 +128,7 @@ def run_plan(call: AttentionCall, plan: Plan, mask: MaskSpec | None, ctx: MaskCo
     for i, p in enumerate(plan.pieces):
         if outputs[i] is None:  # no reachable key: zeros
             outputs[i] = q.new_zeros(R, H, p.lq, Dv)
-    out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)  # (R, H, Lq, Dv) in plan order
-    if plan.q_perm is not None:
-        out = out[:, :, torch.argsort(plan.q_perm)]  # (R, H, Lq, Dv) in index order
-    return out
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)  # (R, H, Lq, Dv) in plan order
 
 
 def _index(pieces: list[Piece], device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -124,53 +154,47 @@ def _run_group(call, pieces, mode, q, k, v, mask, ctx, rows, q_map, kv_map) -> t
     else:
         q_idx, kv_idx = _index(pieces, q.device)
         qs, ks, vs = _take(q, q_idx), _take(k, kv_idx), _take(v, kv_idx)  # (T*R, H|Hkv, l, D)
-    needs_mask = mode != "causal" and (mode == "mask" or call.bias is not None)
-
-    def attend(qs, ks, vs):
-        attn_mask, empty = None, None
-        if needs_mask:
-            attn_mask, empty = _piece_mask(call, pieces, mode, mask, ctx, rows, q_map, kv_map, q.dtype)
-            attn_mask = attn_mask.expand(T, R, *attn_mask.shape[2:]).flatten(0, 1)  # (T*R, H|1, lq, lk)
-            empty = None if empty is None else empty.expand(T, R, *empty.shape[2:]).flatten(0, 1)  # (T*R, H|1, lq, 1)
-        out = F.scaled_dot_product_attention(
-            qs, ks, vs, attn_mask=attn_mask, dropout_p=call.dropout_p, is_causal=mode == "causal",
-            scale=call.scale, enable_gqa=call.num_kv_heads != call.num_heads,
-        )  # (T*R, H, lq, Dv)
-        return out if empty is None else out.masked_fill(empty, 0.0)
-
-    if needs_mask and call.bias is not None and call.needs_grad:
-        # a float bias per piece would be kept for backward: O(reachable entries) floats in total. Recompute
-        # it in the backward pass instead (the RNG state is replayed, so dropout masks match).
-        out = checkpoint(attend, qs, ks, vs, use_reentrant=False)
-    else:
-        out = attend(qs, ks, vs)
+    attn_mask = empty = None
+    if mode == "mask":
+        attn_mask, empty = _piece_mask(pieces, mask, ctx, rows, q_map, kv_map)
+        attn_mask = attn_mask.expand(T, R, *attn_mask.shape[2:]).flatten(0, 1)  # (T*R, H|1, lq, lk)
+        empty = empty.expand(T, R, *empty.shape[2:]).flatten(0, 1)  # (T*R, H|1, lq, 1)
+    out = F.scaled_dot_product_attention(
+        qs, ks, vs, attn_mask=attn_mask, dropout_p=call.dropout_p, is_causal=mode == "causal",
+        scale=call.scale, enable_gqa=call.num_kv_heads != call.num_heads,
+    )  # (T*R, H, lq, Dv)
+    if empty is not None:
+        out = out.masked_fill(empty, 0.0)
     return out.view(T, R, H, *out.shape[2:])  # (T, R, H, lq, Dv)
 
 
-def _piece_mask(call, pieces, mode, mask, ctx, rows, q_map, kv_map, dtype):
-    """The kernel's mask for stacked pieces: bool, or float with the bias; ``(T, R|1, H|1, lq, lk)`` and the
-    empty-row mask ``(T, R|1, H|1, lq, 1)`` (None when no row can be empty)."""
+def _piece_mask(pieces, mask, ctx, rows, q_map, kv_map):
+    """The bool kernel mask of stacked pieces ``(T, R|1, H|1, lq, lk)`` and their empty rows
+    ``(T, R|1, H|1, lq, 1)`` (which see every key; their output is zeroed afterwards)."""
     q_idx, kv_idx = _index(pieces, rows.device)
-    q_idx, kv_idx = q_map[q_idx], kv_map[kv_idx]  # (T, lq), (T, lk) call indices
-    allowed = evaluate_on(mask, ctx, rows, q_idx, kv_idx, heads=mask.heads) if mode == "mask" else None
-    empty = None
-    if allowed is not None:
-        empty = ~allowed.any(dim=-1, keepdim=True)  # (T, R|1, H|1, lq, 1)
-        allowed = allowed | empty  # empty rows see every key, their output is zeroed afterwards
-    if call.bias is None:
-        return allowed, empty
+    allowed = evaluate_on(mask, ctx, rows, q_map[q_idx], kv_map[kv_idx], heads=mask.heads)
+    empty = ~allowed.any(dim=-1, keepdim=True)  # (T, R|1, H|1, lq, 1)
+    return allowed | empty, empty
+
+
+def _piece_terms(call, piece, mask, ctx, rows, q_map, kv_map) -> torch.Tensor:
+    """The additive term of one piece for the tiled kernel: the bias, ``-inf`` where the mask forbids;
+    ``(R|1, H|1, lq, lk)`` float32 (float64 for float64 inputs)."""
+    q_idx, kv_idx = _index([piece], rows.device)
+    q_idx, kv_idx = q_map[q_idx[0]], kv_map[kv_idx[0]]  # (lq,), (lk,) call indices
     if isinstance(call.bias, StructuredBias):
-        h = torch.arange(call.num_heads, device=rows.device).view(1, 1, -1, 1, 1)  # (1, 1, H, 1, 1)
-        q_pos = ctx.q_positions[rows][:, q_idx].movedim(1, 0)[:, :, None, :, None]  # (T, R, 1, lq, 1)
-        kv_pos = ctx.kv_positions[rows][:, kv_idx].movedim(1, 0)[:, :, None, None, :]  # (T, R, 1, 1, lk)
-        bias = call.bias.score(h, q_pos, kv_pos)  # (T, R, H, lq, lk)
+        h = torch.arange(call.num_heads, device=rows.device).view(1, -1, 1, 1)  # (1, H, 1, 1)
+        q_pos = ctx.q_positions[rows][:, q_idx][:, None, :, None]  # (R, 1, lq, 1)
+        kv_pos = ctx.kv_positions[rows][:, kv_idx][:, None, None, :]  # (R, 1, 1, lk)
+        bias = call.bias.score(h, q_pos, kv_pos)  # (R, H, lq, lk)
     else:
         full = call.bias if call.bias.dim() == 4 else call.bias.reshape(
             (1,) * (4 - call.bias.dim()) + tuple(call.bias.shape))  # (B|1, H|1, Lq|1, Lk|1)
         full = full if full.shape[0] == 1 else full[rows]
         full = full.expand(-1, -1, call.q_len, call.kv_len)  # (R|1, H|1, Lq, Lk) view
-        bias = full[:, :, q_idx[:, :, None], kv_idx[:, None, :]].movedim(2, 0)  # (T, R|1, H|1, lq, lk)
-    bias = bias.to(dtype)
-    if allowed is not None:
+        bias = full[:, :, q_idx[:, None], kv_idx[None, :]]  # (R|1, H|1, lq, lk)
+    bias = bias.to(torch.float64 if call.q.dtype == torch.float64 else torch.float32)
+    if piece.mode == "mask":
+        allowed = evaluate_on(mask, ctx, rows, q_idx[None], kv_idx[None], heads=mask.heads)[0]  # (R|1, H|1, lq, lk)
         bias = bias.masked_fill(~allowed, float("-inf"))
-    return bias, empty
+    return bias

@@ -88,6 +88,9 @@ def contenders(case, n, args, dtype=torch.float32):
         if bias is None or dense_bias is not None:
             out["sdpa_dense"] = both(lambda q, k, v: F.scaled_dot_product_attention(
                 q, k, v, attn_mask=sdpa_mask, is_causal=causal_flag and sdpa_mask is None, enable_gqa=Hkv != H))
+    if bias is not None:  # the speed to match: the same attention without the bias, SDPA's fused causal kernel
+        out["sdpa_causal_nobias"] = both(lambda q, k, v: F.scaled_dot_product_attention(
+            q, k, v, is_causal=True, enable_gqa=Hkv != H))
     if case == "documents" and n >= 16:
         doc = min(2048, max(1, n // 8))
 
@@ -129,6 +132,10 @@ def run_case(case, n, args, peak):
         for name, (_, b) in fns.items():
             if b is not None and name != "nn_mha":
                 row["contenders"][name]["fwdbwd_peak_bytes"] = peak_memory_bytes(b)
+    nobias = row["contenders"].get("sdpa_causal_nobias")
+    if nobias:
+        ak_ = row["contenders"]["attnkit"]
+        row["attnkit_time_over_sdpa_causal_nobias"] = {m: ak_[f"{m}_ms"] / nobias[f"{m}_ms"] for m in ("fwd", "fwdbwd")}
     base = row["contenders"].get("sdpa_dense")
     if base:
         ak_ = row["contenders"]["attnkit"]

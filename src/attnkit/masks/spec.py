@@ -107,6 +107,11 @@ class MaskSpec:
         """The sequence length implied by the mask's data (padding/documents), if any."""
         return None
 
+    def offsets(self) -> tuple[int | None, int | None] | None:
+        """When the mask allows exactly the offsets ``lo <= kv_pos - q_pos <= hi`` (None = unbounded), that
+        interval; None when it depends on anything else (data, absolute positions, heads)."""
+        return None
+
 
 def _check_spec(other: object, op: str) -> MaskSpec:
     if not isinstance(other, MaskSpec):
@@ -142,6 +147,9 @@ class Causal(MaskSpec):
 
         return fn
 
+    def offsets(self) -> tuple[int | None, int | None]:
+        return None, 0
+
     def __repr__(self) -> str:
         return "causal()"
 
@@ -160,6 +168,9 @@ class SlidingWindow(MaskSpec):
             return (kv_pos <= q_pos) & (q_pos - kv_pos < window)
 
         return fn
+
+    def offsets(self) -> tuple[int | None, int | None]:
+        return 1 - self.window, 0
 
     def __repr__(self) -> str:
         return f"sliding_window({self.window})"
@@ -363,11 +374,23 @@ class And(MaskSpec):
     def natural_length(self):
         return max((n for p in self.parts if (n := p.natural_length()) is not None), default=None)
 
+    def offsets(self) -> tuple[int | None, int | None] | None:
+        """The intersection of the parts' offset intervals (None if any part has none)."""
+        parts = [p.offsets() for p in self.parts]
+        if any(o is None for o in parts):
+            return None
+        lows = [lo for lo, _ in parts if lo is not None]
+        highs = [hi for _, hi in parts if hi is not None]
+        return (max(lows) if lows else None), (min(highs) if highs else None)
+
     def __repr__(self):
         return "(" + " & ".join(map(repr, self.parts)) + ")"
 
 
 class Or(And):
+    def offsets(self) -> None:
+        return None  # a union of intervals need not be one
+
     def bind(self, ctx):
         fns = [p.bind(ctx) for p in self.parts]
 

@@ -51,6 +51,7 @@ class ALiBi(nn.Module, StructuredBias):
     """
 
     slopes: torch.Tensor
+    relative = True  # -m * |q_pos - kv_pos| depends only on the offset
 
     def __init__(self, num_heads: int):
         super().__init__()
@@ -64,6 +65,10 @@ class ALiBi(nn.Module, StructuredBias):
         """Bias ``-slopes[h] * |q_pos - kv_pos|`` as float32, broadcasting its three arguments."""
         slopes = self.slopes.to(device=q_pos.device, dtype=torch.float32)  # (H,), a no-op when already there
         return -slopes[h] * (q_pos - kv_pos).abs().to(torch.float32)
+
+    def reach(self, margin: torch.Tensor) -> torch.Tensor:
+        """``margin / slopes``: beyond this distance head h's penalty exceeds ``margin[h]``; ``(H,)`` float."""
+        return margin.to(torch.float64) / self.slopes.to(device=margin.device, dtype=torch.float64)
 
     def forward(self, q_positions: torch.Tensor, kv_positions: torch.Tensor) -> torch.Tensor:
         return self.materialize(q_positions, kv_positions)

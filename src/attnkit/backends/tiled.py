@@ -1,0 +1,219 @@
+"""A tiled softmax-attention kernel for scores with an additive term (ALiBi, a float bias), any device.
+
+Why not SDPA with a float mask: PyTorch's fused CPU kernel is fast for ``is_causal`` and for no mask, but
+with a float mask it reads an Lq x Lk tensor, and with ALiBi it feeds underflowing exponentials (subnormal
+floats, which cost x86 cores ~100x per operation) into its matrix products. Here each piece of queries
+runs against the keys it can reach as two batched matrix products and a softmax on preallocated
+workspaces; nothing of size Lq x Lk is kept: the backward pass recomputes each piece's probabilities, as
+flash attention does.
+
+Scores more than :data:`CUTOFF` below their row's maximum are set to ``-inf`` before the softmax. Their
+weights (< e^-60, about 9e-27 of the largest) are far below float32 resolution; cutting them keeps
+subnormals out of the products (a measured 4x on the whole kernel). Rows with no visible key give 0 with
+zero gradients.
+
+The additive term of a piece comes from a callback ``terms(i) -> (R|1, H|1, lq, lk)`` (``-inf`` where the
+mask forbids), so the same kernel serves a Toeplitz table slice (:mod:`attnkit.backends.relative`) and a
+per-piece evaluation of any mask and bias (:mod:`attnkit.backends.blocksparse`).
+
+Shape legend: R batch rows, H heads, Lq/Lk lengths, lq/lk a piece's query/key counts, D/Dv head dims,
+n = rows x heads of one chunk.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import contextmanager
+
+import torch
+import torch.nn.functional as F
+
+from attnkit.backends.block_plan import Piece
+
+#: scores this far below their row's maximum get weight exactly 0 (instead of < e^-60 of the largest)
+CUTOFF = 60.0
+#: score entries one chunk may hold (rows x heads are split so that a chunk's workspace stays under this)
+CHUNK_ENTRIES = 1 << 22
+
+Terms = Callable[[int], torch.Tensor]
+
+
+def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pieces: Sequence[Piece], terms: Terms,
+                    scale: float, dropout_p: float = 0.0) -> torch.Tensor:
+    """``softmax(q k^T * scale + terms) v`` piece by piece: ``(R, H, Lq, Dv)``.
+
+    ``q (R, H, Lq, D)``, ``k (R, H, Lk, D)`` and ``v (R, H, Lk, Dv)`` share heads (expand GQA before).
+    ``pieces`` cover the queries; piece ``i`` sees only its key ranges ``piece.kv``, with the additive term
+    ``terms(i) (R|1, H|1, lq, lk)``. Half-precision inputs are computed in float32 and the output cast back.
+    """
+    dtype = q.dtype
+    compute = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+    q, k, v = (t.to(compute).contiguous() for t in (q, k, v))
+    out = _Tiled.apply(q, k, v, tuple(pieces), terms, float(scale), float(dropout_p))
+    return out.to(dtype)
+
+
+class _Tiled(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, pieces, terms, scale, dropout_p):
+        R, H, Lq, _ = q.shape
+        out = q.new_zeros(R, H, Lq, v.shape[-1])
+        kT = k.transpose(-1, -2).contiguous()  # (R, H, D, Lk): row-major keys make q @ k^T ~1.5x faster
+        ctx.rng = _rng_state(q.device) if dropout_p else None
+        work = _Workspace(q, pieces, n_buffers=2)
+        for piece, rs, hs, add, keys in _chunks(pieces, terms, R, H):
+            rows = slice(piece.q_lo, piece.q_hi)
+            p = _probs(q[rs, hs, rows], keys(kT[rs, hs], -1), add, scale, work)  # (n, lq, lk)
+            if dropout_p:
+                p = p * _keep(p, dropout_p)
+            torch.bmm(p, _flat(keys(v[rs, hs], -2)), out=_flat(out[rs, hs, rows]))  # (n, lq, Dv) into out
+        ctx.save_for_backward(q, k, v, out)
+        ctx.pieces, ctx.terms, ctx.scale, ctx.dropout_p = pieces, terms, scale, dropout_p
+        return out
+
+    @staticmethod
+    def backward(ctx, d_out):
+        q, k, v, out = ctx.saved_tensors
+        pieces, terms, scale, dropout_p = ctx.pieces, ctx.terms, ctx.scale, ctx.dropout_p
+        R, H = q.shape[:2]
+        d_out = d_out.contiguous()
+        delta = (d_out * out).sum(-1, keepdim=True)  # (R, H, Lq, 1) = rowsum(dP * P)
+        kT, vT = k.transpose(-1, -2).contiguous(), v.transpose(-1, -2).contiguous()  # (R, H, D|Dv, Lk)
+        dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        work = _Workspace(q, pieces, n_buffers=3)
+        with _replayed_rng(ctx.rng, q.device):
+            for piece, rs, hs, add, keys in _chunks(pieces, terms, R, H):
+                rows = slice(piece.q_lo, piece.q_hi)
+                qs, dos = _flat(q[rs, hs, rows]), _flat(d_out[rs, hs, rows])  # (n, lq, D), (n, lq, Dv)
+                p = _probs(q[rs, hs, rows], keys(kT[rs, hs], -1), add, scale, work)  # (n, lq, lk)
+                keep = _keep(p, dropout_p) if dropout_p else None
+                pd = p if keep is None else p * keep
+                dp = work.take(2, p.shape)
+                torch.bmm(dos, _flat(keys(vT[rs, hs], -1)), out=dp)  # (n, lq, lk) = dO V^T
+                if keep is not None:
+                    dp.mul_(keep)
+                ds = dp.sub_(_flat(delta[rs, hs, rows])).mul_(p)  # (n, lq, lk) softmax backward
+                _flat(dq[rs, hs, rows]).baddbmm_(ds, _flat(keys(k[rs, hs], -2)))
+                keys.accumulate(dk[rs, hs], torch.bmm(ds.transpose(1, 2), qs))  # (n, lk, D)
+                keys.accumulate(dv[rs, hs], torch.bmm(pd.transpose(1, 2), dos))  # (n, lk, Dv)
+        dq.mul_(scale)
+        dk.mul_(scale)
+        return dq, dk, dv, None, None, None, None
+
+
+def _flat(x: torch.Tensor) -> torch.Tensor:
+    """``(r, h, l, d) -> (r*h, l, d)``: always a view for the slices used here (``view`` raises otherwise)."""
+    return x.view(-1, *x.shape[2:])  # (n, l, d)
+
+
+class _Workspace:
+    """Flat buffers reused by every piece: fresh multi-MB tensors per piece cost page faults."""
+
+    def __init__(self, q: torch.Tensor, pieces: Sequence[Piece], n_buffers: int):
+        R, H = q.shape[:2]
+        size = max((_chunk_rows(p, R, H)[0] * p.lq * p.lk for p in pieces if p.mode != "empty"), default=0)
+        self.buffers = [q.new_empty(size) for _ in range(n_buffers)]
+
+    def take(self, i: int, shape: torch.Size) -> torch.Tensor:
+        n = 1
+        for s in shape:
+            n *= s
+        return self.buffers[i][:n].view(shape)
+
+
+def _probs(q: torch.Tensor, kT: torch.Tensor, add: torch.Tensor, scale: float, work: _Workspace) -> torch.Tensor:
+    """Probabilities ``(n, lq, lk)`` for queries ``(r, h, lq, D)`` against keys ``kT (r, h, D, lk)``."""
+    r, h, lq, _ = q.shape
+    lk = kT.shape[-1]
+    s4 = work.take(0, (r, h, lq, lk))
+    s4.copy_(add)  # the additive term, broadcast over rows and heads
+    s = s4.view(r * h, lq, lk)
+    s.baddbmm_(_flat(q), _flat(kT), alpha=scale)  # (n, lq, lk) = term + scale * q k^T
+    top = s.amax(dim=-1, keepdim=True)  # (n, lq, 1)
+    empty = torch.isneginf(top)
+    any_empty = bool(empty.any())
+    if any_empty:
+        top = top.masked_fill(empty, 0.0)
+    s.sub_(top)
+    F.threshold_(s, -CUTOFF, float("-inf"))  # keep subnormal weights out of the products
+    p = work.take(1, s.shape)
+    torch.ops.aten._softmax.out(s, -1, False, out=p)
+    if any_empty:
+        p.masked_fill_(empty, 0.0)  # rows with no visible key: 0 (the softmax gave NaN)
+    return p
+
+
+def _keep(p: torch.Tensor, dropout_p: float) -> torch.Tensor:
+    """Dropout multipliers ``(n, lq, lk)``: 0 or 1 / (1 - p), drawn from the (replayable) global RNG."""
+    return torch.empty_like(p).bernoulli_(1.0 - dropout_p).div_(1.0 - dropout_p)
+
+
+def _rng_state(device: torch.device):
+    return torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
+
+
+@contextmanager
+def _replayed_rng(state, device: torch.device):
+    """Run the block with the RNG state saved in forward (dropout draws repeat), then restore the RNG."""
+    if state is None:
+        yield
+        return
+    devices = [device] if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices, device_type=device.type):
+        if device.type == "cuda":
+            torch.cuda.set_rng_state(state, device)
+        else:
+            torch.set_rng_state(state)
+        yield
+
+
+class _Keys:
+    """A piece's keys: views of the ranges when there is one, a gathered copy otherwise."""
+
+    def __init__(self, piece: Piece, device: torch.device):
+        self.ranges = piece.kv
+        self.index = None if len(piece.kv) == 1 else torch.cat(
+            [torch.arange(lo, hi, device=device) for lo, hi in piece.kv])  # (lk,)
+
+    def __call__(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        """The piece's keys of ``x`` along ``dim`` (a view when contiguous)."""
+        if self.index is None:
+            lo, hi = self.ranges[0]
+            return x.narrow(dim, lo, hi - lo)
+        return x.index_select(dim, self.index)
+
+    def accumulate(self, grad: torch.Tensor, part: torch.Tensor) -> None:
+        """Add ``part (n, lk, d)`` into the key rows of ``grad (r, h, Lk, d)``."""
+        part = part.view(*grad.shape[:2], *part.shape[1:])  # (r, h, lk, d)
+        if self.index is None:
+            self(grad, -2).add_(part)
+        else:
+            grad.index_add_(-2, self.index, part)
+
+
+def _chunk_rows(piece: Piece, R: int, H: int) -> tuple[int, int]:
+    """(rows x heads per chunk, heads per chunk) keeping a chunk's scores under :data:`CHUNK_ENTRIES`."""
+    per_head = max(1, piece.lq * piece.lk)
+    if R * H * per_head <= CHUNK_ENTRIES:
+        return R * H, H
+    heads = max(1, min(H, CHUNK_ENTRIES // per_head))
+    return heads, heads
+
+
+def _chunks(pieces: Sequence[Piece], terms: Terms, R: int, H: int):
+    """For every non-empty piece and chunk of (rows, heads): the piece, row slice, head slice, the chunk's
+    additive term ``(r|1, h|1, lq, lk)`` and the piece's keys."""
+    for i, piece in enumerate(pieces):
+        if piece.mode == "empty":
+            continue
+        add = terms(i)  # (R|1, H|1, lq, lk)
+        keys = _Keys(piece, add.device)
+        n, heads = _chunk_rows(piece, R, H)
+        if n == R * H:
+            yield piece, slice(None), slice(None), add, keys
+            continue
+        for r in range(R):
+            for h0 in range(0, H, heads):
+                hs = slice(h0, min(h0 + heads, H))
+                part = add[r:r + 1] if add.shape[0] > 1 else add  # (1, H|1, lq, lk)
+                yield piece, slice(r, r + 1), hs, part[:, hs] if part.shape[1] > 1 else part, keys

@@ -1,0 +1,195 @@
+"""The tiled kernel (bias pieces) and its offset tables: against the float64 reference (2x/3x rule), the
+offset-table path taken where it should be, skipped keys that change nothing, dropout replayed exactly in
+backward, no subnormal weights, and nothing of size Lq x Lk. Not timed."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnkit as ak
+from attnkit._validation import build_call
+from attnkit.backends import relative, tiled
+from attnkit.backends.blocksparse import BlockSparseBackend
+from oracle import assert_within_rule, run_with_grads
+
+M = ak.masks
+RELATIVE_MASKS = {
+    "none": lambda: None,
+    "causal": M.causal,
+    "window70": lambda: M.sliding_window(70),
+    "causal_and_window": lambda: M.causal() & M.sliding_window(200),
+}
+
+
+def _qkv(B, H, Hkv, Lq, Lk, D, seed=0, dtype=torch.float32, scale=1.0):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, H, Lq, D, generator=g) * scale
+    k = torch.randn(B, Hkv, Lk, D, generator=g) * scale
+    v = torch.randn(B, Hkv, Lk, D, generator=g)
+    return q.to(dtype), k.to(dtype), v.to(dtype)
+
+
+def _check(q, k, v, mask, **kw):
+    out, grads = run_with_grads(lambda q, k, v: ak.attention(q, k, v, mask, backend="blocksparse", **kw), [q, k, v])
+    ref, ref_grads = run_with_grads(lambda q, k, v: ak.reference_attention(q, k, v, mask, **kw), [q, k, v])
+    gold, gold_grads = run_with_grads(lambda q, k, v: ak.reference_attention(q, k, v, mask, **kw),
+                                      [q.double(), k.double(), v.double()])
+    assert_within_rule(out, ref, gold)
+    for name, got, r, gg in zip("qkv", grads, ref_grads, gold_grads):
+        assert_within_rule(got, r, gg, factor=3.0, what=f"grad {name}")
+
+
+@pytest.mark.parametrize("mask_name", list(RELATIVE_MASKS))
+@pytest.mark.parametrize("length", [1, 63, 127, 128, 129, 257, 1000])
+def test_offset_table_path_against_reference(mask_name, length):
+    mask = RELATIVE_MASKS[mask_name]()
+    q, k, v = _qkv(2, 4, 2, length, length, 16, seed=length)
+    bias = ak.positions.ALiBi(4)
+    assert relative.relative_groups(build_call(q, k, v, mask, bias=bias), mask) is not None
+    _check(q, k, v, mask, bias=bias)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
+def test_offset_table_path_other_dtypes(dtype):
+    q, k, v = _qkv(1, 4, 4, 200, 200, 16, dtype=dtype)
+    _check(q, k, v, M.causal(), bias=ak.positions.ALiBi(4))
+
+
+@pytest.mark.parametrize("lq,lk", [(37, 300), (1, 300), (130, 131)])
+def test_fewer_queries_than_keys(lq, lk):
+    """Default positions put the queries at the end (a chunk of prefill against a cache)."""
+    q, k, v = _qkv(1, 8, 2, lq, lk, 16)
+    _check(q, k, v, M.causal(), bias=ak.positions.ALiBi(8))
+
+
+def test_skipped_keys_change_nothing():
+    """Steep ALiBi heads reach a few hundred keys back; skipping the rest must match the reference, also when
+    large q and k norms give the scores room to overcome the penalty (the reach bound widens)."""
+    for scale in (1.0, 6.0):
+        q, k, v = _qkv(1, 8, 8, 1000, 1000, 16, seed=3, scale=scale)
+        bias = ak.positions.ALiBi(8)
+        groups = relative.relative_groups(build_call(q, k, v, M.causal(), bias=bias), M.causal())
+        if scale == 1.0:
+            assert len(groups) > 1  # some heads stop early
+            assert groups[0].pieces[-1].lk < 1000 - 128  # the steepest head's last piece skips the start
+        _check(q, k, v, M.causal(), bias=bias)
+
+
+def test_offsets_of_masks():
+    assert M.causal().offsets() == (None, 0)
+    assert M.sliding_window(5).offsets() == (-4, 0)
+    assert (M.causal() & M.sliding_window(5)).offsets() == (-4, 0)
+    assert (M.sliding_window(9) & M.sliding_window(5)).offsets() == (-4, 0)
+    for mask in (M.padding([3]), M.causal() | M.sliding_window(2), ~M.causal(), M.causal() & M.padding([3]),
+                 M.strided(2), M.global_tokens([0])):
+        assert mask.offsets() is None, mask
+
+
+def test_table_slices_equal_the_bias_and_mask():
+    """Every piece's term is exactly ALiBi's score where the mask allows and -inf elsewhere."""
+    for mask, lq, lk in ((M.causal(), 300, 300), (M.sliding_window(40), 300, 300), (M.causal(), 70, 333), (None, 150, 150)):
+        q, k, v = _qkv(1, 4, 4, lq, lk, 8)
+        bias = ak.positions.ALiBi(4)
+        call = build_call(q, k, v, mask, bias=bias)
+        qp, kp = call.positions()
+        allowed = torch.ones(1, 1, lq, lk, dtype=torch.bool) if mask is None else mask.to_dense(qp, kp)
+        dense = bias.materialize(qp, kp).masked_fill(~allowed, float("-inf"))  # (1, H, Lq, Lk)
+        with torch.no_grad():
+            for g in relative.relative_groups(call, mask):
+                for i, p in enumerate(g.pieces):
+                    if p.mode == "empty":
+                        assert not allowed[0, 0, p.q_lo:p.q_hi].any()
+                        continue
+                    (lo, hi), = p.kv
+                    assert torch.equal(g.terms(i), dense[:, g.heads, p.q_lo:p.q_hi, lo:hi])
+                    outside = torch.cat([allowed[0, 0, p.q_lo:p.q_hi, :lo], allowed[0, 0, p.q_lo:p.q_hi, hi:]], -1)
+                    if g.heads == slice(0, 4):  # unpruned: nothing allowed lies outside the piece's keys
+                        assert not outside.any()
+
+
+def test_calls_that_are_not_offset_only_take_the_per_piece_path():
+    q, k, v = _qkv(2, 2, 2, 50, 50, 8)
+    bias = ak.positions.ALiBi(2)
+    for mask, kw in ((M.causal() & M.padding([50, 30]), {}), (M.document(torch.arange(50)[None] // 10), {}),
+                     (M.causal(), {"kv_positions": torch.arange(50) * 2, "q_positions": torch.arange(50) * 2}),
+                     (M.causal(), {"kv_positions": torch.stack([torch.arange(50), torch.arange(50) + 1]),
+                                   "q_positions": torch.stack([torch.arange(50), torch.arange(50) + 1])})):
+        call = build_call(q, k, v, mask, bias=bias, **kw)
+        assert relative.relative_groups(call, mask) is None
+        _check(q, k, v, mask, bias=bias, **kw)
+    float_bias = torch.randn(1, 2, 50, 50)
+    assert relative.relative_groups(build_call(q, k, v, M.causal(), bias=float_bias), M.causal()) is None
+
+
+def test_small_chunks_match(monkeypatch):
+    """Rows x heads split into chunks when a piece's scores would exceed the chunk budget."""
+    monkeypatch.setattr(tiled, "CHUNK_ENTRIES", 128 * 60)
+    q, k, v = _qkv(2, 4, 2, 300, 300, 8)
+    _check(q, k, v, M.causal(), bias=ak.positions.ALiBi(4))
+    _check(q, k, v, M.causal() & M.padding([300, 200]), bias=ak.positions.ALiBi(4))
+
+
+def test_rows_without_keys_are_zero_with_zero_grads():
+    q, k, v = _qkv(1, 2, 2, 20, 20, 8)
+    bias = torch.randn(1, 2, 20, 20)
+    bias[:, :, 3] = float("-inf")  # row 3 sees nothing
+    _check(q, k, v, None, bias=bias)
+    out, grads = run_with_grads(lambda q, k, v: ak.attention(q, k, v, bias=bias, backend="blocksparse"), [q, k, v])
+    assert torch.equal(out[:, :, 3], torch.zeros_like(out[:, :, 3]))
+    assert all(torch.isfinite(g).all() for g in grads)
+
+
+@pytest.mark.parametrize("mask_name", ["causal", "padded"])
+def test_dropout_is_replayed_in_backward(mask_name):
+    """gradcheck on a seeded call: the backward must draw the same dropout masks as the forward."""
+    mask = M.causal() if mask_name == "causal" else M.causal() & M.padding([9, 6])
+    q, k, v = (t.requires_grad_() for t in _qkv(2, 2, 2, 9, 9, 4, dtype=torch.float64))
+    bias = ak.positions.ALiBi(2)
+
+    def fn(q, k, v):
+        torch.manual_seed(0)
+        return ak.attention(q, k, v, mask, bias=bias, dropout_p=0.3, backend="blocksparse")
+
+    assert not torch.equal(fn(q, k, v), ak.attention(q, k, v, mask, bias=bias, backend="blocksparse"))
+    assert torch.autograd.gradcheck(fn, (q, k, v))
+
+
+def test_no_subnormal_weights(monkeypatch):
+    """Far ALiBi keys underflow; the cutoff zeroes them instead of producing subnormal floats (slow on x86)."""
+    seen = []
+    original = tiled._probs
+
+    def spy(*args):
+        p = original(*args)
+        seen.append(int(((p > 0) & (p < torch.finfo(p.dtype).tiny)).sum()))
+        return p
+
+    monkeypatch.setattr(tiled, "_probs", spy)
+    q, k, v = _qkv(1, 4, 4, 600, 600, 16, scale=3.0)
+    monkeypatch.setattr(ak.positions.ALiBi, "reach", lambda self, margin: None)  # no skipping: every key computed
+    ak.attention(q, k, v, M.causal(), bias=ak.positions.ALiBi(4), backend="blocksparse")
+    assert seen and sum(seen) == 0
+
+
+def test_nothing_of_size_lq_by_lk(monkeypatch):
+    sizes = []
+    original_init = tiled._Workspace.__init__
+
+    def spy(self, *args, **kw):
+        original_init(self, *args, **kw)
+        sizes.extend(b.numel() for b in self.buffers)
+
+    monkeypatch.setattr(tiled._Workspace, "__init__", spy)
+    L, H = 2048, 2
+    q, k, v = (t.requires_grad_() for t in _qkv(1, H, H, L, L, 8))
+    monkeypatch.setattr(ak.positions.ALiBi, "materialize", lambda *a: pytest.fail("ALiBi materialised densely"))
+    ak.attention(q, k, v, M.causal(), bias=ak.positions.ALiBi(H), backend="blocksparse").sum().backward()
+    assert sizes and max(sizes) <= H * relative.BLOCK * L < L * L
+
+
+def test_explain_names_the_tiled_kernel():
+    q, k, v = _qkv(1, 8, 8, 4096, 4096, 16)
+    text = str(ak.explain(q, k, v, M.causal(), bias=ak.positions.ALiBi(8)))
+    assert "blocksparse" in text and "offset table" in text and "head groups" in text
+    assert BlockSparseBackend().supports(build_call(q, k, v, M.causal(), bias=ak.positions.ALiBi(8))) == []
