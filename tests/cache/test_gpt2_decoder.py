@@ -8,7 +8,7 @@ import torch
 from attnkit.models.generation import generate
 
 pytest.importorskip("transformers")
-from attnkit.bench.decode import GPT2Decoder, _hf_generate, hf_gpt2  # noqa: E402
+from attnkit.bench.decode import GPT2Decoder, _hf_generate, bare_torch_greedy, hf_gpt2  # noqa: E402
 
 
 def test_gpt2_decoder_matches_transformers():
@@ -21,6 +21,7 @@ def test_gpt2_decoder_matches_transformers():
     want = _hf_generate(hf, tokens, 7)[:, 11:].tolist()
     assert generate(ours, tokens.tolist(), max_new_tokens=7) == want
     assert generate(ours, tokens.tolist(), max_new_tokens=7, cache="static") == want
+    assert bare_torch_greedy(ours, tokens, 7).tolist() == want  # the benchmark's bare-torch ceiling is the same model
 
 
 def test_sliding_gpt2_decoder_runs_past_its_window():

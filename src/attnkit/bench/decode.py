@@ -119,8 +119,9 @@ def weight_matvec_ms(model: GPT2Decoder, batch: int, repeats: int = 5) -> float:
     """ms per decode step of the model's weight matrix-vector products alone (every Linear and the tied head
     on ``batch`` rows, back to back): the floor any decoder of this shape pays on this machine."""
     linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    xs = {m.in_features: torch.randn(batch, 1, m.in_features) for m in linears}  # (B, 1, in)
-    head_x = torch.randn(batch, 1, model.wte.weight.shape[1])  # (B, 1, E)
+    dtype = model.wte.weight.dtype
+    xs = {m.in_features: torch.randn(batch, 1, m.in_features, dtype=dtype) for m in linears}  # (B, 1, in)
+    head_x = torch.randn(batch, 1, model.wte.weight.shape[1], dtype=dtype)  # (B, 1, E)
 
     def chain():
         for m in linears:
@@ -154,6 +155,38 @@ def _nocache_generate(model, prompt, new_tokens):
     return tokens
 
 
+def bare_torch_greedy(model: GPT2Decoder, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
+    """The ceiling for any library built from PyTorch ops: greedy decoding of ``model`` (learned positions) as
+    one loop of bare functional calls on its weights - no modules, no checks, preallocated K/V - ``(B, N)``."""
+    B, P = prompt.shape
+    E, H = model.wte.weight.shape[1], model.heads
+    D, T = E // H, P + new_tokens
+    blocks = [(b.ln_1, b.attn.qkv_proj, b.attn.out_proj, b.ln_2, b.fc, b.proj) for b in model.blocks]
+    K = [torch.empty(B, H, T, D) for _ in blocks]  # (B, H, T, D) per layer
+    V = [torch.empty(B, H, T, D) for _ in blocks]
+    ln = lambda x, m: F.layer_norm(x, (E,), m.weight, m.bias)  # noqa: E731
+
+    def forward(tokens, start):  # tokens (B, L) at positions start.. -> last logits (B, V)
+        L = tokens.shape[1]
+        x = F.embedding(tokens, model.wte.weight) + model.wpe.weight[start:start + L]  # (B, L, E)
+        for i, (ln1, qkv, out, ln2, fc, proj) in enumerate(blocks):
+            q, k, v = F.linear(ln(x, ln1), qkv.weight, qkv.bias).view(B, L, 3, H, D).permute(2, 0, 3, 1, 4)  # (B, H, L, D) x3
+            K[i][:, :, start:start + L], V[i][:, :, start:start + L] = k, v
+            a = F.scaled_dot_product_attention(q, K[i][:, :, :start + L], V[i][:, :, :start + L], is_causal=L > 1)
+            x = x + F.linear(a.transpose(1, 2).reshape(B, L, E), out.weight, out.bias)  # (B, L, E)
+            h = F.gelu(F.linear(ln(x, ln2), fc.weight, fc.bias), approximate="tanh")
+            x = x + F.linear(h, proj.weight, proj.bias)
+        return F.linear(ln(x[:, -1], model.ln_f), model.wte.weight)  # (B, V)
+
+    with torch.inference_mode():
+        tok = forward(prompt, 0).argmax(-1, keepdim=True)  # (B, 1)
+        out = [tok]
+        for t in range(P, T - 1):
+            tok = forward(tok, t).argmax(-1, keepdim=True)
+            out.append(tok)
+    return torch.cat(out, dim=1)  # (B, N)
+
+
 class CompiledGreedy:
     """Greedy decoding with a static cache whose decode step is ``torch.compile``d (one graph for every step;
     the prefill runs eager). The caches are reused (``reset``) across calls so the graph is reused too."""
@@ -182,9 +215,10 @@ def bench_case(hf_models, ours, batch, prompt_len, new_tokens, nocache_tokens, r
     fns = {f"hf_{name}": (lambda m=m: _hf_generate(m, prompt, new_tokens)) for name, m in hf_models.items()}
     for kind in ("dynamic", "static"):
         fns[f"attnkit_{kind}"] = lambda kind=kind: generate(ours, prompts, max_new_tokens=new_tokens, cache=kind)
+    fns["torch_bare_loop"] = lambda: bare_torch_greedy(ours, prompt, new_tokens)
     # the same greedy tokens from both libraries (same weights): a check that the race is fair
     want = _hf_generate(hf_models["sdpa"], prompt, 8)[:, prompt_len:].tolist()
-    same = generate(ours, prompts, max_new_tokens=8) == want
+    same = generate(ours, prompts, max_new_tokens=8) == want and bare_torch_greedy(ours, prompt, 8).tolist() == want
     if compiled:
         run_compiled = CompiledGreedy(ours, batch, prompt_len + new_tokens)
         start = time.perf_counter()
@@ -318,7 +352,9 @@ def run(args) -> int:
                  "the read-only bandwidth. weight_matvec_floor_ms_per_step times the model's Linear/head "
                  "matrix-vector products alone, back to back (part of the 67 MB may stay in cache); "
                  "fraction_of_matvec_floor = that floor / ms per step. attnkit_static_compiled: prefill eager, "
-                 "decode step torch.compile'd (inductor, one graph), compile time excluded (compile_seconds).",
+                 "decode step torch.compile'd (inductor, one graph), compile time excluded (compile_seconds). "
+                 "torch_bare_loop: the same model as one loop of bare functional torch calls on its weights (no "
+                 "modules, no checks): what any library built from PyTorch ops can at best reach on this machine.",
     }, out_dir)
     print(f"wrote {path}")
     return 0
