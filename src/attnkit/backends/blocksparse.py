@@ -123,8 +123,8 @@ def _run_sdpa(call, plan, mask, ctx, q, k, v, q_map, kv_map) -> torch.Tensor:
     for (_lq, _lk, mode), ids in plan.groups().items():
         pieces = [plan.pieces[i] for i in ids]
         out = _run_group(call, pieces, mode, q, k, v, mask, ctx, rows, q_map, kv_map)  # (T, R, H, lq, Dv)
-        for t, i in enumerate(ids):
-            outputs[i] = out[t]
+        for i, piece_out in zip(ids, out.unbind(0)):  # unbind: one backward op (per-piece indexing was O(T^2))
+            outputs[i] = piece_out
     for i, p in enumerate(plan.pieces):
         if outputs[i] is None:  # no reachable key: zeros
             outputs[i] = q.new_zeros(R, H, p.lq, Dv)
@@ -140,8 +140,13 @@ def _index(pieces: list[Piece], device) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _take(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """Rows ``idx (T, l)`` of ``x (R, H, L, D)`` stacked into the batch: ``(T * R, H, l, D)``."""
-    return x[:, :, idx].movedim(2, 0).flatten(0, 1)  # (R, H, T, l, D) -> (T, R, H, l, D) -> (T*R, H, l, D)
+    """Rows ``idx (T, l)`` of ``x (R, H, L, D)`` stacked into the batch: ``(T * R, H, l, D)``.
+
+    ``index_select`` on the flat index: its backward is one ``index_add_`` (advanced indexing's is a much
+    slower accumulating ``index_put_``)."""
+    R, H, _, D = x.shape
+    rows = x.index_select(2, idx.flatten()).view(R, H, *idx.shape, D)  # (R, H, T, l, D)
+    return rows.movedim(2, 0).flatten(0, 1)  # (T, R, H, l, D) -> (T*R, H, l, D)
 
 
 def _run_group(call, pieces, mode, q, k, v, mask, ctx, rows, q_map, kv_map) -> torch.Tensor:
