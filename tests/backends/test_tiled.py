@@ -160,8 +160,8 @@ def test_no_subnormal_weights(monkeypatch):
     seen = []
     original = tiled._probs
 
-    def spy(*args):
-        p = original(*args)
+    def spy(*args, **kwargs):
+        p = original(*args, **kwargs)
         seen.append(int(((p > 0) & (p < torch.finfo(p.dtype).tiny)).sum()))
         return p
 

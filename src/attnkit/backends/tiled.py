@@ -58,26 +58,28 @@ class _Tiled(torch.autograd.Function):
     def forward(ctx, q, k, v, pieces, terms, scale, dropout_p):
         R, H, Lq, _ = q.shape
         out = q.new_zeros(R, H, Lq, v.shape[-1])
+        tops = q.new_empty(R, H, Lq, 1)  # each row's largest score, kept for backward (no second max pass)
         kT = k.transpose(-1, -2).contiguous()  # (R, H, D, Lk): row-major keys make q @ k^T ~1.5x faster
         ctx.rng = _rng_state(q.device) if dropout_p else None
         work = _Workspace(q, pieces, n_buffers=2)
         for piece, rs, hs, add, keys in _chunks(pieces, terms, R, H):
             rows = slice(piece.q_lo, piece.q_hi)
-            p = _probs(q[rs, hs, rows], keys(kT[rs, hs], -1), add, scale, work)  # (n, lq, lk)
+            p = _probs(q[rs, hs, rows], keys(kT[rs, hs], -1), add, scale, work,
+                       top_out=_flat(tops[rs, hs, rows]))  # (n, lq, lk)
             if dropout_p:
                 p = p * _keep(p, dropout_p)
             torch.bmm(p, _flat(keys(v[rs, hs], -2)), out=_flat(out[rs, hs, rows]))  # (n, lq, Dv) into out
-        ctx.save_for_backward(q, k, v, out)
+        ctx.save_for_backward(q, k, v, out, tops)
         ctx.pieces, ctx.terms, ctx.scale, ctx.dropout_p = pieces, terms, scale, dropout_p
         return out
 
     @staticmethod
     def backward(ctx, d_out):
-        q, k, v, out = ctx.saved_tensors
+        q, k, v, out, tops = ctx.saved_tensors
         pieces, terms, scale, dropout_p = ctx.pieces, ctx.terms, ctx.scale, ctx.dropout_p
         R, H = q.shape[:2]
         d_out = d_out.contiguous()
-        delta = (d_out * out).sum(-1, keepdim=True)  # (R, H, Lq, 1) = rowsum(dP * P)
+        delta = (d_out * out).sum(-1, keepdim=True) if dropout_p else None  # (R, H, Lq, 1) = rowsum(dP * P)
         kT, vT = k.transpose(-1, -2).contiguous(), v.transpose(-1, -2).contiguous()  # (R, H, D|Dv, Lk)
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         work = _Workspace(q, pieces, n_buffers=3)
@@ -85,17 +87,19 @@ class _Tiled(torch.autograd.Function):
             for piece, rs, hs, add, keys in _chunks(pieces, terms, R, H):
                 rows = slice(piece.q_lo, piece.q_hi)
                 qs, dos = _flat(q[rs, hs, rows]), _flat(d_out[rs, hs, rows])  # (n, lq, D), (n, lq, Dv)
-                p = _probs(q[rs, hs, rows], keys(kT[rs, hs], -1), add, scale, work)  # (n, lq, lk)
+                p = _probs(q[rs, hs, rows], keys(kT[rs, hs], -1), add, scale, work,
+                           top=_flat(tops[rs, hs, rows]))  # (n, lq, lk), the forward's probabilities
                 keep = _keep(p, dropout_p) if dropout_p else None
                 pd = p if keep is None else p * keep
                 dp = work.take(2, p.shape)
                 torch.bmm(dos, _flat(keys(vT[rs, hs], -1)), out=dp)  # (n, lq, lk) = dO V^T
-                if keep is not None:
-                    dp.mul_(keep)
-                ds = dp.sub_(_flat(delta[rs, hs, rows])).mul_(p)  # (n, lq, lk) softmax backward
+                if keep is None:  # fused softmax backward p * (dp - rowsum(dp * p)) into the free score buffer
+                    ds = torch.ops.aten._softmax_backward_data.out(dp, p, -1, p.dtype, grad_input=work.take(0, p.shape))
+                else:
+                    ds = dp.mul_(keep).sub_(_flat(delta[rs, hs, rows])).mul_(p)  # (n, lq, lk); delta = rowsum(dO * O)
                 _flat(dq[rs, hs, rows]).baddbmm_(ds, _flat(keys(k[rs, hs], -2)))
-                keys.accumulate(dk[rs, hs], torch.bmm(ds.transpose(1, 2), qs))  # (n, lk, D)
-                keys.accumulate(dv[rs, hs], torch.bmm(pd.transpose(1, 2), dos))  # (n, lk, Dv)
+                keys.add_product(dk[rs, hs], ds.transpose(1, 2), qs)  # += (n, lk, D)
+                keys.add_product(dv[rs, hs], pd.transpose(1, 2), dos)  # += (n, lk, Dv)
         dq.mul_(scale)
         dk.mul_(scale)
         return dq, dk, dv, None, None, None, None
@@ -121,15 +125,22 @@ class _Workspace:
         return self.buffers[i][:n].view(shape)
 
 
-def _probs(q: torch.Tensor, kT: torch.Tensor, add: torch.Tensor, scale: float, work: _Workspace) -> torch.Tensor:
-    """Probabilities ``(n, lq, lk)`` for queries ``(r, h, lq, D)`` against keys ``kT (r, h, D, lk)``."""
+def _probs(q: torch.Tensor, kT: torch.Tensor, add: torch.Tensor, scale: float, work: _Workspace, *,
+           top: torch.Tensor | None = None, top_out: torch.Tensor | None = None) -> torch.Tensor:
+    """Probabilities ``(n, lq, lk)`` for queries ``(r, h, lq, D)`` against keys ``kT (r, h, D, lk)``.
+
+    Each row's largest score ``(n, lq, 1)`` is computed and written to ``top_out``, or read from ``top``
+    (the backward pass recomputing the forward's scores)."""
     r, h, lq, _ = q.shape
     lk = kT.shape[-1]
     s4 = work.take(0, (r, h, lq, lk))
     s4.copy_(add)  # the additive term, broadcast over rows and heads
     s = s4.view(r * h, lq, lk)
     s.baddbmm_(_flat(q), _flat(kT), alpha=scale)  # (n, lq, lk) = term + scale * q k^T
-    top = s.amax(dim=-1, keepdim=True)  # (n, lq, 1)
+    if top is None:
+        top = s.amax(dim=-1, keepdim=True)  # (n, lq, 1)
+        if top_out is not None:
+            top_out.copy_(top)
     empty = torch.isneginf(top)
     any_empty = bool(empty.any())
     if any_empty:
@@ -182,12 +193,12 @@ class _Keys:
             return x.narrow(dim, lo, hi - lo)
         return x.index_select(dim, self.index)
 
-    def accumulate(self, grad: torch.Tensor, part: torch.Tensor) -> None:
-        """Add ``part (n, lk, d)`` into the key rows of ``grad (r, h, Lk, d)``."""
-        part = part.view(*grad.shape[:2], *part.shape[1:])  # (r, h, lk, d)
+    def add_product(self, grad: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> None:
+        """Add ``a @ b`` ``(n, lk, d)`` into the key rows of ``grad (r, h, Lk, d)``."""
         if self.index is None:
-            self(grad, -2).add_(part)
+            _flat(self(grad, -2)).baddbmm_(a, b)  # in place on the key rows: no temporary
         else:
+            part = torch.bmm(a, b).view(*grad.shape[:2], a.shape[1], b.shape[-1])  # (r, h, lk, d)
             grad.index_add_(-2, self.index, part)
 
 
