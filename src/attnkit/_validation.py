@@ -64,7 +64,18 @@ class AttentionCall:
 
     @property
     def needs_grad(self) -> bool:
-        return torch.is_grad_enabled() and any(t.requires_grad for t in (self.q, self.k, self.v))
+        return torch.is_grad_enabled() and (any(t.requires_grad for t in (self.q, self.k, self.v))
+                                            or self.bias_needs_grad)
+
+    @property
+    def bias_needs_grad(self) -> bool:
+        """A float bias tensor, or a bias module's parameter, that autograd must reach."""
+        if not torch.is_grad_enabled() or self.bias is None:
+            return False
+        if isinstance(self.bias, torch.Tensor):
+            return self.bias.requires_grad
+        params = getattr(self.bias, "parameters", None)
+        return callable(params) and any(p.requires_grad for p in params())
 
     def positions(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Query and key positions ``(B|1, Lq)``, ``(B|1, Lk)`` int64 on q's device."""

@@ -12,6 +12,7 @@ from attnkit._validation import build_call
 from attnkit.backends import relative, tiled
 from attnkit.backends.blocksparse import BlockSparseBackend
 from oracle import assert_within_rule, run_with_grads
+from test_oracle import EDGE_MASKS
 
 M = ak.masks
 RELATIVE_MASKS = {
@@ -41,13 +42,23 @@ def _check(q, k, v, mask, **kw):
 
 
 @pytest.mark.parametrize("mask_name", list(RELATIVE_MASKS))
-@pytest.mark.parametrize("length", [1, 63, 127, 128, 129, 257, 1000])
+@pytest.mark.parametrize("length", [1, 63, 64, 65, 127, 128, 129, 257, 1000])
 def test_offset_table_path_against_reference(mask_name, length):
     mask = RELATIVE_MASKS[mask_name]()
     q, k, v = _qkv(2, 4, 2, length, length, 16, seed=length)
     bias = ak.positions.ALiBi(4)
     assert relative.relative_groups(build_call(q, k, v, mask, bias=bias), mask) is not None
     _check(q, k, v, mask, bias=bias)
+
+
+@pytest.mark.parametrize("mask_name", list(EDGE_MASKS))
+@pytest.mark.parametrize("length", [65, 130])
+def test_per_piece_path_on_edge_masks(mask_name, length):
+    """Windows longer than the sequence, documents of length 1, empty rows, strided, padding - with ALiBi."""
+    g = torch.Generator().manual_seed(length)
+    mask = EDGE_MASKS[mask_name](2, length, length, g)
+    q, k, v = _qkv(2, 4, 2, length, length, 16, seed=length)
+    _check(q, k, v, mask, bias=ak.positions.ALiBi(4))
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float64])
@@ -102,7 +113,7 @@ def test_table_slices_equal_the_bias_and_mask():
                         assert not allowed[0, 0, p.q_lo:p.q_hi].any()
                         continue
                     (lo, hi), = p.kv
-                    assert torch.equal(g.terms(i), dense[:, g.heads, p.q_lo:p.q_hi, lo:hi])
+                    assert torch.equal(g.terms(p, slice(None), slice(None)), dense[:, g.heads, p.q_lo:p.q_hi, lo:hi])
                     outside = torch.cat([allowed[0, 0, p.q_lo:p.q_hi, :lo], allowed[0, 0, p.q_lo:p.q_hi, hi:]], -1)
                     if g.heads == slice(0, 4):  # unpruned: nothing allowed lies outside the piece's keys
                         assert not outside.any()
@@ -193,3 +204,50 @@ def test_explain_names_the_tiled_kernel():
     text = str(ak.explain(q, k, v, M.causal(), bias=ak.positions.ALiBi(8)))
     assert "blocksparse" in text and "offset table" in text and "head groups" in text
     assert BlockSparseBackend().supports(build_call(q, k, v, M.causal(), bias=ak.positions.ALiBi(8))) == []
+
+
+def test_bias_that_needs_a_gradient_is_refused_and_routed_to_sdpa():
+    """The tiled kernel gives no gradient to the bias: blocksparse refuses, auto picks SDPA (which does)."""
+    q, k, v = _qkv(1, 2, 2, 64, 64, 8)
+    bias = torch.randn(1, 2, 64, 64, requires_grad=True)
+    with pytest.raises(ak.errors.BackendUnsupportedError, match="no gradient to the bias"):
+        ak.attention(q, k, v, M.causal(), bias=bias, backend="blocksparse")
+    got, got_grads = run_with_grads(lambda q, k, v, b: ak.attention(q, k, v, M.causal(), bias=b, backend="sdpa"),
+                                    [q, k, v, bias])
+    ref, ref_grads = run_with_grads(lambda q, k, v, b: ak.reference_attention(q, k, v, M.causal(), bias=b),
+                                    [q, k, v, bias])
+    gold, gold_grads = run_with_grads(lambda q, k, v, b: ak.reference_attention(q, k, v, M.causal(), bias=b),
+                                      [t.double() for t in (q, k, v, bias)])
+    assert_within_rule(got, ref, gold)
+    assert_within_rule(got_grads[3], ref_grads[3], gold_grads[3], factor=3.0, what="grad bias")
+    long_q, long_k, long_v = _qkv(1, 2, 2, 4096, 4096, 8)
+    long_bias = torch.zeros(1, 2, 4096, 4096, requires_grad=True)
+    assert ak.explain(long_q, long_k, long_v, M.sliding_window(64), bias=long_bias).chosen == "sdpa"
+
+
+def test_workspaces_stay_under_the_chunk_budget(monkeypatch):
+    """One piece of all queries (padding, no mask) is cut into runs of rows: no Lq x Lk workspace."""
+    monkeypatch.setattr(tiled, "CHUNK_ENTRIES", 128 * 60)
+    sizes = []
+    original_init = tiled._Workspace.__init__
+
+    def spy(self, *args, **kw):
+        original_init(self, *args, **kw)
+        sizes.extend(b.numel() for b in self.buffers)
+
+    monkeypatch.setattr(tiled._Workspace, "__init__", spy)
+    q, k, v = _qkv(2, 2, 2, 600, 600, 8)
+    for mask in (M.padding([600, 500]), None):
+        _check(q, k, v, mask, bias=torch.randn(1, 2, 600, 600))
+        _check(q, k, v, mask, bias=ak.positions.ALiBi(2))
+    assert sizes and max(sizes) <= 128 * 60
+
+
+def test_more_queries_than_keys_use_positions_below_zero():
+    """Default positions put the queries last, so with Lq > Lk the first queries sit before every key."""
+    q_pos, kv_pos = ak.masks.default_positions(300, 200)
+    assert torch.equal(q_pos, torch.arange(-100, 200)[None]) and torch.equal(kv_pos, torch.arange(200)[None])
+    q, k, v = _qkv(1, 2, 2, 300, 200, 8)
+    _check(q, k, v, M.causal(), bias=ak.positions.ALiBi(2))
+    out = ak.attention(q, k, v, M.causal(), bias=ak.positions.ALiBi(2), backend="blocksparse")
+    assert torch.equal(out[:, :, :100], torch.zeros_like(out[:, :, :100]))  # before every key: no visible key

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from attnkit._bias import StructuredBias
 from attnkit._validation import AttentionCall
 from attnkit.backends.block_plan import Piece, Plan, make_plan
-from attnkit.backends.relative import describe, relative_groups
+from attnkit.backends.relative import HeadGroup, describe, relative_groups
 from attnkit.backends.tiled import tiled_attention
 from attnkit.functional.reference import expand_kv
 from attnkit.masks import Dense, MaskContext, MaskSpec
@@ -40,7 +40,9 @@ class BlockSparseBackend:
         if call.return_weights:
             reasons.append("blocksparse does not return attention weights (use backend='math')")
         if call.softcap is not None:
-            reasons.append("blocksparse runs SDPA per piece, which has no logit softcap")
+            reasons.append("blocksparse has no logit softcap (its pieces run SDPA or the tiled kernel)")
+        if call.bias_needs_grad:
+            reasons.append("blocksparse gives no gradient to the bias (use backend='sdpa' or 'math' to train a bias)")
         return reasons
 
     def plan(self, call: AttentionCall) -> str:
@@ -62,7 +64,7 @@ class BlockSparseBackend:
         return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)  # (B, H, Lq, Dv)
 
 
-def _run_relative(call: AttentionCall, groups: list) -> torch.Tensor:
+def _run_relative(call: AttentionCall, groups: list[HeadGroup]) -> torch.Tensor:
     """Each head group as one tiled call: ``(B, H, Lq, Dv)``."""
     k, v = (expand_kv(t, call.num_heads) for t in (call.k, call.v))  # (B, H, Lk, D|Dv)
     outs = [tiled_attention(call.q[:, g.heads], k[:, g.heads], v[:, g.heads], g.pieces, g.terms, scale=call.scale,
@@ -106,8 +108,8 @@ def run_plan(call: AttentionCall, plan: Plan, mask: MaskSpec | None, ctx: MaskCo
     kv_map = plan.kv_perm if plan.kv_perm is not None else torch.arange(plan.kv_len, device=q.device)
     if call.bias is not None:
         k, v = (expand_kv(t, call.num_heads) for t in (k, v))  # (R, H, Lk, D|Dv)
-        out = tiled_attention(q, k, v, plan.pieces, lambda i: _piece_terms(
-            call, plan.pieces[i], mask, ctx, rows, q_map, kv_map), scale=call.scale, dropout_p=call.dropout_p)
+        out = tiled_attention(q, k, v, plan.pieces, lambda piece, rs, hs: _piece_terms(
+            call, piece, rows[rs], hs, mask, ctx, q_map, kv_map), scale=call.scale, dropout_p=call.dropout_p)
     else:
         out = _run_sdpa(call, plan, mask, ctx, q, k, v, q_map, kv_map)  # (R, H, Lq, Dv) in plan order
     if plan.q_perm is not None:
@@ -115,7 +117,7 @@ def run_plan(call: AttentionCall, plan: Plan, mask: MaskSpec | None, ctx: MaskCo
     return out
 
 
-def _run_sdpa(call, plan, mask, ctx, q, k, v, q_map, kv_map) -> torch.Tensor:
+def _run_sdpa(call: AttentionCall, plan: Plan, mask, ctx, q, k, v, q_map, kv_map) -> torch.Tensor:
     """Equal-shaped pieces stacked into SDPA calls: ``(R, H, Lq, Dv)`` in plan order."""
     rows = plan.rows
     R, H, Dv = q.shape[0], q.shape[1], v.shape[-1]
@@ -182,24 +184,26 @@ def _piece_mask(pieces, mask, ctx, rows, q_map, kv_map):
     return allowed | empty, empty
 
 
-def _piece_terms(call, piece, mask, ctx, rows, q_map, kv_map) -> torch.Tensor:
-    """The additive term of one piece for the tiled kernel: the bias, ``-inf`` where the mask forbids;
-    ``(R|1, H|1, lq, lk)`` float32 (float64 for float64 inputs)."""
+def _piece_terms(call, piece, rows, heads, mask, ctx, q_map, kv_map) -> torch.Tensor:
+    """The additive term of one piece for batch rows ``rows (r,)`` and heads ``heads`` (a slice): the bias,
+    ``-inf`` where the mask forbids; ``(r|1, h|1, lq, lk)`` float32 (float64 for float64 inputs)."""
     q_idx, kv_idx = _index([piece], rows.device)
     q_idx, kv_idx = q_map[q_idx[0]], kv_map[kv_idx[0]]  # (lq,), (lk,) call indices
     if isinstance(call.bias, StructuredBias):
-        h = torch.arange(call.num_heads, device=rows.device).view(1, -1, 1, 1)  # (1, H, 1, 1)
-        q_pos = ctx.q_positions[rows][:, q_idx][:, None, :, None]  # (R, 1, lq, 1)
-        kv_pos = ctx.kv_positions[rows][:, kv_idx][:, None, None, :]  # (R, 1, 1, lk)
-        bias = call.bias.score(h, q_pos, kv_pos)  # (R, H, lq, lk)
+        h = torch.arange(call.num_heads, device=rows.device)[heads].view(1, -1, 1, 1)  # (1, h, 1, 1)
+        q_pos = ctx.q_positions[rows][:, q_idx][:, None, :, None]  # (r, 1, lq, 1)
+        kv_pos = ctx.kv_positions[rows][:, kv_idx][:, None, None, :]  # (r, 1, 1, lk)
+        bias = call.bias.score(h, q_pos, kv_pos)  # (r, h, lq, lk)
     else:
         full = call.bias if call.bias.dim() == 4 else call.bias.reshape(
             (1,) * (4 - call.bias.dim()) + tuple(call.bias.shape))  # (B|1, H|1, Lq|1, Lk|1)
         full = full if full.shape[0] == 1 else full[rows]
-        full = full.expand(-1, -1, call.q_len, call.kv_len)  # (R|1, H|1, Lq, Lk) view
-        bias = full[:, :, q_idx[:, None], kv_idx[None, :]]  # (R|1, H|1, lq, lk)
+        full = full if full.shape[1] == 1 else full[:, heads]
+        full = full.expand(-1, -1, call.q_len, call.kv_len)  # (r|1, h|1, Lq, Lk) view
+        bias = full[:, :, q_idx[:, None], kv_idx[None, :]]  # (r|1, h|1, lq, lk)
     bias = bias.to(torch.float64 if call.q.dtype == torch.float64 else torch.float32)
     if piece.mode == "mask":
-        allowed = evaluate_on(mask, ctx, rows, q_idx[None], kv_idx[None], heads=mask.heads)[0]  # (R|1, H|1, lq, lk)
+        allowed = evaluate_on(mask, ctx, rows, q_idx[None], kv_idx[None], heads=mask.heads)[0]  # (r|1, H|1, lq, lk)
+        allowed = allowed if allowed.shape[1] == 1 else allowed[:, heads]
         bias = bias.masked_fill(~allowed, float("-inf"))
     return bias

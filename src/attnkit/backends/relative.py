@@ -3,9 +3,10 @@
 With consecutive positions (the default), a mask that allows an interval of offsets ``d = kv_pos - q_pos``
 (causal: ``d <= 0``; sliding window W: ``1 - W <= d <= 0``; see :meth:`MaskSpec.offsets`) and a relative
 bias (ALiBi: ``-m_h |d|``), the additive term of queries ``[a, b)`` against keys ``[lo, hi)`` is a slice of
-one Toeplitz table ``T[h, r, x] = term(h, d = x - r + d0)`` of shape ``(H, BLOCK, X)``. The tiled kernel
-then reads slices instead of evaluating the bias and the mask per piece. The table holds
-``H x BLOCK x (reach + BLOCK)`` entries, never Lq x Lk.
+one Toeplitz table ``T[h, r, x] = term(h, d = x - r + d0)`` of shape ``(h, BLOCK, X)`` per group of heads. The
+tiled kernel then reads slices instead of evaluating the bias and the mask per piece. A group's table holds
+``h x BLOCK x (span + BLOCK)`` entries, where ``span`` is the number of offsets its heads can see (at most
+Lq + Lk): it does not grow with Lq x Lk.
 
 Keys the kernel's cutoff would zero anyway are skipped: a query's scores differ by at most
 ``2 * scale * max|q| * max|k|`` from its score at offset 0 (always visible here), so where a decaying bias
@@ -56,14 +57,12 @@ def relative_groups(call: AttentionCall, mask: MaskSpec | None) -> list[HeadGrou
         return None
     base = k0 - q0  # d = base + j - i for query index i and key index j
     per_head = _head_intervals(call, interval, base)  # one interval per head
-    table = OffsetTable(call, interval, base)  # shared by the groups
-
     groups, h0 = [], 0
     for h in range(1, call.num_heads + 1):
         if h == call.num_heads or per_head[h] != per_head[h0]:
             heads = slice(h0, h)
             pieces = _pieces(per_head[h0], base, call.q_len, call.kv_len)
-            groups.append(HeadGroup(heads, pieces, table.terms(pieces, heads)))
+            groups.append(HeadGroup(heads, pieces, OffsetTable(call, interval, per_head[h0], base, heads).terms))
             h0 = h
     return groups
 
@@ -84,8 +83,9 @@ def _head_intervals(call: AttentionCall, interval: Interval, base: int) -> list[
     if not sees_zero:
         return [interval] * call.num_heads
     with torch.no_grad():
-        q_norm = call.q.detach().float().norm(dim=-1).amax(dim=(0, 2))  # (H,)
-        k_norm = call.k.detach().float().norm(dim=-1).amax(dim=(0, 2))  # (Hkv,)
+        dtype = torch.promote_types(call.q.dtype, torch.float32)  # norms without a float32 copy of q and k
+        q_norm = torch.linalg.vector_norm(call.q.detach(), dim=-1, dtype=dtype).amax(dim=(0, 2))  # (H,)
+        k_norm = torch.linalg.vector_norm(call.k.detach(), dim=-1, dtype=dtype).amax(dim=(0, 2))  # (Hkv,)
         k_norm = k_norm.repeat_interleave(call.num_heads // call.num_kv_heads)  # (H,)
         margin = CUTOFF + 2 * call.scale * q_norm * k_norm  # (H,) most a score can rise above offset 0's
         reach = call.bias.reach(margin)
@@ -96,7 +96,7 @@ def _head_intervals(call: AttentionCall, interval: Interval, base: int) -> list[
         if not math.isfinite(r):
             out.append(interval)
             continue
-        r = int(r) + 1  # beyond r keys the weight is exactly 0 after the cutoff
+        r = math.ceil(r)  # beyond r keys the weight is exactly 0 after the cutoff
         out.append((-r if d_lo is None else max(d_lo, -r), r if d_hi is None else min(d_hi, r)))
     return out
 
@@ -113,24 +113,23 @@ def _pieces(interval: Interval, base: int, Lq: int, Lk: int) -> list[Piece]:
 
 
 class OffsetTable:
-    """The call's table ``T (H, BLOCK, X)``, ``T[h, r, x] = bias(h, d)`` where offset ``d = x - r + d0`` is
-    allowed, else ``-inf``; built on first use (``ak.explain`` plans without it)."""
+    """The table of heads ``heads``: ``T (h, BLOCK, X)``, ``T[h, r, x] = bias(h, d)`` where the mask allows
+    offset ``d = x - r + d0`` (``interval``), else ``-inf``. Its columns cover the offsets ``reach`` (the heads'
+    pruned interval) lets the pieces read. Built on first use (``ak.explain`` plans without it).
+    """
 
-    def __init__(self, call: AttentionCall, interval: Interval, base: int):
-        self.call, self.interval, self.base = call, interval, base
-        d_lo, d_hi = interval
+    def __init__(self, call: AttentionCall, interval: Interval, reach: Interval, base: int, heads: slice):
+        self.call, self.interval, self.base, self.heads = call, interval, base, heads
+        d_lo, d_hi = reach
         first, last = base - (call.q_len - 1), base + call.kv_len - 1  # offsets of the corner entries
         self.d0 = first if d_lo is None else max(d_lo, first)
         self.width = max(0, (last if d_hi is None else min(d_hi, last)) - self.d0 + 1) + BLOCK
         self._table: torch.Tensor | None = None
 
-    def terms(self, pieces: list[Piece], heads: slice) -> Terms:
-        def terms(i: int) -> torch.Tensor:
-            p = pieces[i]
-            x0 = self.base + p.kv[0][0] - p.q_lo - self.d0
-            return self.table[None, heads, :p.lq, x0:x0 + p.lk]  # (1, h, lq, lk) view
-
-        return terms
+    def terms(self, piece: Piece, rows: slice, heads: slice) -> torch.Tensor:
+        """The term of ``piece`` for ``heads`` (of this group; batch rows share it): ``(1, h, lq, lk)`` view."""
+        x0 = self.base + piece.kv[0][0] - piece.q_lo - self.d0
+        return self.table[None, heads, :piece.lq, x0:x0 + piece.lk]
 
     @property
     def table(self) -> torch.Tensor:
@@ -139,8 +138,8 @@ class OffsetTable:
             dtype = torch.float64 if call.q.dtype == torch.float64 else torch.float32
             rows = torch.arange(min(BLOCK, call.q_len), device=dev)
             d = torch.arange(self.width, device=dev)[None, :] - rows[:, None] + self.d0  # (BLOCK, X)
-            h = torch.arange(call.num_heads, device=dev)[:, None, None]  # (H, 1, 1)
-            table = call.bias.score(h, torch.zeros((), dtype=torch.int64, device=dev), d[None])  # (H, BLOCK, X)
+            h = torch.arange(self.heads.start, self.heads.stop, device=dev)[:, None, None]  # (h, 1, 1)
+            table = call.bias.score(h, torch.zeros((), dtype=torch.int64, device=dev), d[None])  # (h, BLOCK, X)
             d_lo, d_hi = self.interval
             allowed = torch.ones_like(d, dtype=torch.bool)
             if d_lo is not None:

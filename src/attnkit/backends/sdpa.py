@@ -109,8 +109,8 @@ class SDPABackend:
         if isinstance(call.mask, Causal) and call.default_positions:
             if call.q_len == 1:
                 return "none"  # the last position sees every key
-            if call.q_len == call.kv_len:
-                return "causal"
+            if call.q_len == call.kv_len and call.bias is None:
+                return "causal"  # (with a bias the mask joins it: SDPA refuses is_causal plus a mask needing grad)
         return "dense"
 
     def plan(self, call: AttentionCall) -> str:

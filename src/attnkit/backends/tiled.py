@@ -4,17 +4,21 @@ Why not SDPA with a float mask: PyTorch's fused CPU kernel is fast for ``is_caus
 with a float mask it reads an Lq x Lk tensor, and with ALiBi it feeds underflowing exponentials (subnormal
 floats, which cost x86 cores ~100x per operation) into its matrix products. Here each piece of queries
 runs against the keys it can reach as two batched matrix products and a softmax on preallocated
-workspaces; nothing of size Lq x Lk is kept: the backward pass recomputes each piece's probabilities, as
-flash attention does.
+workspaces; nothing of size Lq x Lk is built or kept: pieces are cut so that one chunk of scores stays
+under :data:`CHUNK_ENTRIES`, and the backward pass recomputes each piece's probabilities (from the row
+maxima kept by the forward pass), as flash attention does.
 
 Scores more than :data:`CUTOFF` below their row's maximum are set to ``-inf`` before the softmax. Their
 weights (< e^-60, about 9e-27 of the largest) are far below float32 resolution; cutting them keeps
 subnormals out of the products (a measured 4x on the whole kernel). Rows with no visible key give 0 with
 zero gradients.
 
-The additive term of a piece comes from a callback ``terms(i) -> (R|1, H|1, lq, lk)`` (``-inf`` where the
-mask forbids), so the same kernel serves a Toeplitz table slice (:mod:`attnkit.backends.relative`) and a
-per-piece evaluation of any mask and bias (:mod:`attnkit.backends.blocksparse`).
+The additive term of a chunk comes from a callback ``terms(piece, rows, heads) -> (r|1, h|1, lq, lk)``
+(``-inf`` where the mask forbids), so the same kernel serves a Toeplitz table slice
+(:mod:`attnkit.backends.relative`) and a per-piece evaluation of any mask and bias
+(:mod:`attnkit.backends.blocksparse`). Gradients flow to q, k and v, not to the term (the backends refuse
+calls whose bias needs a gradient). Dropout masks come from a generator seeded once per call, so the
+backward pass draws the very same masks on any device.
 
 Shape legend: R batch rows, H heads, Lq/Lk lengths, lq/lk a piece's query/key counts, D/Dv head dims,
 n = rows x heads of one chunk.
@@ -23,19 +27,23 @@ n = rows x heads of one chunk.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from contextlib import contextmanager
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
 
 from attnkit.backends.block_plan import Piece
 
 #: scores this far below their row's maximum get weight exactly 0 (instead of < e^-60 of the largest)
 CUTOFF = 60.0
-#: score entries one chunk may hold (rows x heads are split so that a chunk's workspace stays under this)
+#: score entries one chunk may hold: pieces are cut into runs of rows, rows x heads into chunks, to stay
+#: under it (a single query row against more keys is the only excess)
 CHUNK_ENTRIES = 1 << 22
 
-Terms = Callable[[int], torch.Tensor]
+#: ``terms(piece, rows, heads) -> (r|1, h|1, lq, lk)``: the additive term of a piece for batch rows ``rows``
+#: and heads ``heads`` (slices), ``-inf`` where the mask forbids
+Terms = Callable[[Piece, slice, slice], torch.Tensor]
 
 
 def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pieces: Sequence[Piece], terms: Terms,
@@ -43,37 +51,52 @@ def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pieces: S
     """``softmax(q k^T * scale + terms) v`` piece by piece: ``(R, H, Lq, Dv)``.
 
     ``q (R, H, Lq, D)``, ``k (R, H, Lk, D)`` and ``v (R, H, Lk, Dv)`` share heads (expand GQA before).
-    ``pieces`` cover the queries; piece ``i`` sees only its key ranges ``piece.kv``, with the additive term
-    ``terms(i) (R|1, H|1, lq, lk)``. Half-precision inputs are computed in float32 and the output cast back.
+    ``pieces`` cover the queries; a piece sees only its key ranges ``piece.kv``, with the additive term
+    ``terms(piece, rows, heads)``. Half-precision inputs are computed in float32 and the output cast back.
     """
     dtype = q.dtype
     compute = torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
     q, k, v = (t.to(compute).contiguous() for t in (q, k, v))
-    out = _Tiled.apply(q, k, v, tuple(pieces), terms, float(scale), float(dropout_p))
+    pieces = split_rows(pieces, CHUNK_ENTRIES)
+    seed = int(torch.randint(0, 2**62, (1,))) if dropout_p else None  # from the global RNG: manual_seed repeats it
+    out = _Tiled.apply(q, k, v, pieces, terms, float(scale), float(dropout_p), seed)
     return out.to(dtype)
+
+
+def split_rows(pieces: Sequence[Piece], max_entries: int) -> tuple[Piece, ...]:
+    """Cut pieces into runs of rows with at most ``max_entries`` scores per head (at least one row each)."""
+    out = []
+    for p in pieces:
+        rows = max(1, max_entries // max(1, p.lk))
+        if p.mode == "empty" or p.lq <= rows:
+            out.append(p)
+            continue
+        out.extend(replace(p, q_lo=lo, q_hi=min(lo + rows, p.q_hi)) for lo in range(p.q_lo, p.q_hi, rows))
+    return tuple(out)
 
 
 class _Tiled(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, pieces, terms, scale, dropout_p):
+    def forward(ctx, q, k, v, pieces, terms, scale, dropout_p, seed):
         R, H, Lq, _ = q.shape
         out = q.new_zeros(R, H, Lq, v.shape[-1])
         tops = q.new_empty(R, H, Lq, 1)  # each row's largest score, kept for backward (no second max pass)
         kT = k.transpose(-1, -2).contiguous()  # (R, H, D, Lk): row-major keys make q @ k^T ~1.5x faster
-        ctx.rng = _rng_state(q.device) if dropout_p else None
+        gen = _generator(q.device, seed)
         work = _Workspace(q, pieces, n_buffers=2)
         for piece, rs, hs, add, keys in _chunks(pieces, terms, R, H):
             rows = slice(piece.q_lo, piece.q_hi)
             p = _probs(q[rs, hs, rows], keys(kT[rs, hs], -1), add, scale, work,
                        top_out=_flat(tops[rs, hs, rows]))  # (n, lq, lk)
             if dropout_p:
-                p = p * _keep(p, dropout_p)
+                p = p * _keep(p, dropout_p, gen)
             torch.bmm(p, _flat(keys(v[rs, hs], -2)), out=_flat(out[rs, hs, rows]))  # (n, lq, Dv) into out
         ctx.save_for_backward(q, k, v, out, tops)
-        ctx.pieces, ctx.terms, ctx.scale, ctx.dropout_p = pieces, terms, scale, dropout_p
+        ctx.pieces, ctx.terms, ctx.scale, ctx.dropout_p, ctx.seed = pieces, terms, scale, dropout_p, seed
         return out
 
     @staticmethod
+    @once_differentiable
     def backward(ctx, d_out):
         q, k, v, out, tops = ctx.saved_tensors
         pieces, terms, scale, dropout_p = ctx.pieces, ctx.terms, ctx.scale, ctx.dropout_p
@@ -83,26 +106,26 @@ class _Tiled(torch.autograd.Function):
         kT, vT = k.transpose(-1, -2).contiguous(), v.transpose(-1, -2).contiguous()  # (R, H, D|Dv, Lk)
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
         work = _Workspace(q, pieces, n_buffers=3)
-        with _replayed_rng(ctx.rng, q.device):
-            for piece, rs, hs, add, keys in _chunks(pieces, terms, R, H):
-                rows = slice(piece.q_lo, piece.q_hi)
-                qs, dos = _flat(q[rs, hs, rows]), _flat(d_out[rs, hs, rows])  # (n, lq, D), (n, lq, Dv)
-                p = _probs(q[rs, hs, rows], keys(kT[rs, hs], -1), add, scale, work,
-                           top=_flat(tops[rs, hs, rows]))  # (n, lq, lk), the forward's probabilities
-                keep = _keep(p, dropout_p) if dropout_p else None
-                pd = p if keep is None else p * keep
-                dp = work.take(2, p.shape)
-                torch.bmm(dos, _flat(keys(vT[rs, hs], -1)), out=dp)  # (n, lq, lk) = dO V^T
-                if keep is None:  # fused softmax backward p * (dp - rowsum(dp * p)) into the free score buffer
-                    ds = torch.ops.aten._softmax_backward_data.out(dp, p, -1, p.dtype, grad_input=work.take(0, p.shape))
-                else:
-                    ds = dp.mul_(keep).sub_(_flat(delta[rs, hs, rows])).mul_(p)  # (n, lq, lk); delta = rowsum(dO * O)
-                _flat(dq[rs, hs, rows]).baddbmm_(ds, _flat(keys(k[rs, hs], -2)))
-                keys.add_product(dk[rs, hs], ds.transpose(1, 2), qs)  # += (n, lk, D)
-                keys.add_product(dv[rs, hs], pd.transpose(1, 2), dos)  # += (n, lk, Dv)
+        gen = _generator(q.device, ctx.seed)  # the forward's dropout masks, drawn again in the same order
+        for piece, rs, hs, add, keys in _chunks(pieces, terms, R, H):
+            rows = slice(piece.q_lo, piece.q_hi)
+            qs, dos = _flat(q[rs, hs, rows]), _flat(d_out[rs, hs, rows])  # (n, lq, D), (n, lq, Dv)
+            p = _probs(q[rs, hs, rows], keys(kT[rs, hs], -1), add, scale, work,
+                       top=_flat(tops[rs, hs, rows]))  # (n, lq, lk), the forward's probabilities
+            keep = _keep(p, dropout_p, gen) if dropout_p else None
+            pd = p if keep is None else p * keep
+            dp = work.take(2, p.shape)
+            torch.bmm(dos, _flat(keys(vT[rs, hs], -1)), out=dp)  # (n, lq, lk) = dO V^T
+            if keep is None:  # fused softmax backward p * (dp - rowsum(dp * p)) into the free score buffer
+                ds = torch.ops.aten._softmax_backward_data.out(dp, p, -1, p.dtype, grad_input=work.take(0, p.shape))
+            else:
+                ds = dp.mul_(keep).sub_(_flat(delta[rs, hs, rows])).mul_(p)  # (n, lq, lk); delta = rowsum(dO * O)
+            _flat(dq[rs, hs, rows]).baddbmm_(ds, _flat(keys(k[rs, hs], -2)))
+            keys.add_product(dk[rs, hs], ds.transpose(1, 2), qs)  # += (n, lk, D)
+            keys.add_product(dv[rs, hs], pd.transpose(1, 2), dos)  # += (n, lk, Dv)
         dq.mul_(scale)
         dk.mul_(scale)
-        return dq, dk, dv, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None
 
 
 def _flat(x: torch.Tensor) -> torch.Tensor:
@@ -154,28 +177,14 @@ def _probs(q: torch.Tensor, kT: torch.Tensor, add: torch.Tensor, scale: float, w
     return p
 
 
-def _keep(p: torch.Tensor, dropout_p: float) -> torch.Tensor:
-    """Dropout multipliers ``(n, lq, lk)``: 0 or 1 / (1 - p), drawn from the (replayable) global RNG."""
-    return torch.empty_like(p).bernoulli_(1.0 - dropout_p).div_(1.0 - dropout_p)
+def _keep(p: torch.Tensor, dropout_p: float, gen: torch.Generator) -> torch.Tensor:
+    """Dropout multipliers ``(n, lq, lk)``: 0 or 1 / (1 - p), drawn from the call's generator."""
+    return torch.empty_like(p).bernoulli_(1.0 - dropout_p, generator=gen).div_(1.0 - dropout_p)
 
 
-def _rng_state(device: torch.device):
-    return torch.cuda.get_rng_state(device) if device.type == "cuda" else torch.get_rng_state()
-
-
-@contextmanager
-def _replayed_rng(state, device: torch.device):
-    """Run the block with the RNG state saved in forward (dropout draws repeat), then restore the RNG."""
-    if state is None:
-        yield
-        return
-    devices = [device] if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices, device_type=device.type):
-        if device.type == "cuda":
-            torch.cuda.set_rng_state(state, device)
-        else:
-            torch.set_rng_state(state)
-        yield
+def _generator(device: torch.device, seed: int | None) -> torch.Generator | None:
+    """A generator on ``device`` seeded with the call's seed (forward and backward build the same one)."""
+    return None if seed is None else torch.Generator(device=device).manual_seed(seed)
 
 
 class _Keys:
@@ -214,17 +223,14 @@ def _chunk_rows(piece: Piece, R: int, H: int) -> tuple[int, int]:
 def _chunks(pieces: Sequence[Piece], terms: Terms, R: int, H: int):
     """For every non-empty piece and chunk of (rows, heads): the piece, row slice, head slice, the chunk's
     additive term ``(r|1, h|1, lq, lk)`` and the piece's keys."""
-    for i, piece in enumerate(pieces):
+    for piece in pieces:
         if piece.mode == "empty":
             continue
-        add = terms(i)  # (R|1, H|1, lq, lk)
-        keys = _Keys(piece, add.device)
         n, heads = _chunk_rows(piece, R, H)
-        if n == R * H:
-            yield piece, slice(None), slice(None), add, keys
-            continue
-        for r in range(R):
-            for h0 in range(0, H, heads):
-                hs = slice(h0, min(h0 + heads, H))
-                part = add[r:r + 1] if add.shape[0] > 1 else add  # (1, H|1, lq, lk)
-                yield piece, slice(r, r + 1), hs, part[:, hs] if part.shape[1] > 1 else part, keys
+        chunks = [(slice(None), slice(None))] if n == R * H else [
+            (slice(r, r + 1), slice(h0, min(h0 + heads, H))) for r in range(R) for h0 in range(0, H, heads)]
+        keys = None
+        for rs, hs in chunks:
+            add = terms(piece, rs, hs)  # (r|1, h|1, lq, lk)
+            keys = keys or _Keys(piece, add.device)
+            yield piece, rs, hs, add, keys

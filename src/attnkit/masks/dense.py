@@ -14,7 +14,8 @@ from attnkit.masks.spec import BoundMask, MaskContext, MaskSpec
 def default_positions(q_len: int, kv_len: int, device: torch.device | str | None = None):
     """Bottom-right aligned defaults: keys at ``arange(Lk)``, queries at the last Lq of them. ``(1, L)`` each."""
     kv = torch.arange(kv_len, device=device).unsqueeze(0)  # (1, Lk)
-    return kv[:, kv_len - q_len:], kv
+    q = torch.arange(kv_len - q_len, kv_len, device=device).unsqueeze(0)  # (1, Lq); starts below 0 when Lq > Lk
+    return q, kv
 
 
 def _as_positions(value: torch.Tensor | int, name: str) -> torch.Tensor | int:
