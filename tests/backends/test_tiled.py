@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from test_oracle import EDGE_MASKS
 
 import attnkit as ak
 from attnkit._validation import build_call
 from attnkit.backends import relative, tiled
 from attnkit.backends.blocksparse import BlockSparseBackend
 from oracle import assert_within_rule, run_with_grads
-from test_oracle import EDGE_MASKS
 
 M = ak.masks
 RELATIVE_MASKS = {
@@ -21,6 +21,20 @@ RELATIVE_MASKS = {
     "window70": lambda: M.sliding_window(70),
     "causal_and_window": lambda: M.causal() & M.sliding_window(200),
 }
+
+
+@pytest.fixture
+def workspace_sizes(monkeypatch) -> list[int]:
+    """Entries of every workspace buffer the tiled kernel allocates during the test."""
+    sizes: list[int] = []
+    original_init = tiled._Workspace.__init__
+
+    def spy(self, *args, **kw):
+        original_init(self, *args, **kw)
+        sizes.extend(b.numel() for b in self.buffers)
+
+    monkeypatch.setattr(tiled._Workspace, "__init__", spy)
+    return sizes
 
 
 def _qkv(B, H, Hkv, Lq, Lk, D, seed=0, dtype=torch.float32, scale=1.0):
@@ -108,7 +122,7 @@ def test_table_slices_equal_the_bias_and_mask():
         dense = bias.materialize(qp, kp).masked_fill(~allowed, float("-inf"))  # (1, H, Lq, Lk)
         with torch.no_grad():
             for g in relative.relative_groups(call, mask):
-                for i, p in enumerate(g.pieces):
+                for p in g.pieces:
                     if p.mode == "empty":
                         assert not allowed[0, 0, p.q_lo:p.q_hi].any()
                         continue
@@ -183,20 +197,12 @@ def test_no_subnormal_weights(monkeypatch):
     assert seen and sum(seen) == 0
 
 
-def test_nothing_of_size_lq_by_lk(monkeypatch):
-    sizes = []
-    original_init = tiled._Workspace.__init__
-
-    def spy(self, *args, **kw):
-        original_init(self, *args, **kw)
-        sizes.extend(b.numel() for b in self.buffers)
-
-    monkeypatch.setattr(tiled._Workspace, "__init__", spy)
+def test_nothing_of_size_lq_by_lk(monkeypatch, workspace_sizes):
     L, H = 2048, 2
     q, k, v = (t.requires_grad_() for t in _qkv(1, H, H, L, L, 8))
     monkeypatch.setattr(ak.positions.ALiBi, "materialize", lambda *a: pytest.fail("ALiBi materialised densely"))
     ak.attention(q, k, v, M.causal(), bias=ak.positions.ALiBi(H), backend="blocksparse").sum().backward()
-    assert sizes and max(sizes) <= H * relative.BLOCK * L < L * L
+    assert workspace_sizes and max(workspace_sizes) <= H * relative.BLOCK * L < L * L
 
 
 def test_explain_names_the_tiled_kernel():
@@ -225,22 +231,14 @@ def test_bias_that_needs_a_gradient_is_refused_and_routed_to_sdpa():
     assert ak.explain(long_q, long_k, long_v, M.sliding_window(64), bias=long_bias).chosen == "sdpa"
 
 
-def test_workspaces_stay_under_the_chunk_budget(monkeypatch):
+def test_workspaces_stay_under_the_chunk_budget(monkeypatch, workspace_sizes):
     """One piece of all queries (padding, no mask) is cut into runs of rows: no Lq x Lk workspace."""
     monkeypatch.setattr(tiled, "CHUNK_ENTRIES", 128 * 60)
-    sizes = []
-    original_init = tiled._Workspace.__init__
-
-    def spy(self, *args, **kw):
-        original_init(self, *args, **kw)
-        sizes.extend(b.numel() for b in self.buffers)
-
-    monkeypatch.setattr(tiled._Workspace, "__init__", spy)
     q, k, v = _qkv(2, 2, 2, 600, 600, 8)
     for mask in (M.padding([600, 500]), None):
         _check(q, k, v, mask, bias=torch.randn(1, 2, 600, 600))
         _check(q, k, v, mask, bias=ak.positions.ALiBi(2))
-    assert sizes and max(sizes) <= 128 * 60
+    assert workspace_sizes and max(workspace_sizes) <= 128 * 60
 
 
 def test_more_queries_than_keys_use_positions_below_zero():
