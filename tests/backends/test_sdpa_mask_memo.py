@@ -85,3 +85,20 @@ def test_inference_tensors_are_served_without_memo():
         pos = torch.arange(9)
         got = ak.attention(q, k, v, M.sliding_window(2), q_positions=pos, kv_positions=pos, backend="sdpa")
     torch.testing.assert_close(got, ak.reference_attention(q, k, v, M.sliding_window(2)), rtol=1e-5, atol=1e-6)
+
+
+def test_equal_position_rule_masks_share_the_dense_mask(monkeypatch):
+    """A mask written inline (a new but equal object per call) is built once; a different rule rebuilds."""
+    calls = counting(monkeypatch)
+    q, k, v = qkv()
+    for _ in range(3):
+        out = ak.attention(q, k, v, (M.sliding_window(3) | M.global_tokens([0])) & M.causal(), backend="sdpa")
+    assert len(calls) == 1
+    want = ak.reference_attention(q, k, v, (M.sliding_window(3) | M.global_tokens([0])) & M.causal())
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
+    ak.attention(q, k, v, (M.sliding_window(4) | M.global_tokens([0])) & M.causal(), backend="sdpa")
+    ak.attention(q, k, v, (M.sliding_window(4) | M.global_tokens([1])) & M.causal(), backend="sdpa")
+    assert len(calls) == 3
+    ak.attention(q, k, v, M.sliding_window(4) & M.padding(torch.tensor([7])), backend="sdpa")
+    ak.attention(q, k, v, M.sliding_window(4) & M.padding(torch.tensor([7])), backend="sdpa")
+    assert len(calls) == 5  # masks holding tensors are matched by identity only

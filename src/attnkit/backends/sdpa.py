@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from attnkit._bias import StructuredBias
 from attnkit._validation import AttentionCall
-from attnkit.masks import Causal, Custom, MaskSpec, materialize
+from attnkit.masks import And, Causal, Custom, GlobalTokens, MaskSpec, Not, Or, SlidingWindow, Strided, materialize
 
 
 class LastDenseMask:
@@ -22,8 +22,11 @@ class LastDenseMask:
     same positions: the layers of one model forward share both, so the mask is built once per forward
     instead of once per layer.
 
-    A hit needs the identical mask object, lengths, device and positions tensors (or both default), and
-    unchanged versions of every tensor inside the mask, so an in-place edit of mask data is never missed.
+    A hit needs the same lengths, device and positions tensors (or both default), and either the identical
+    mask object with unchanged versions of every tensor inside it (an in-place edit of mask data is never
+    missed), or, for masks built only from position rules (causal, window, strided, global tokens and their
+    ``& | ~``), an equal one: ``ak.attention(q, k, v, ak.masks.sliding_window(256))`` written inline in every
+    layer builds its dense mask once, not once per call.
     Custom masks (arbitrary closures), masks over more than ``MAX_ENTRIES`` (Lq x Lk), inference tensors
     and calls under ``torch.compile`` are never memoised, so at most a 16 MiB mask stays alive between calls.
     """
@@ -33,14 +36,15 @@ class LastDenseMask:
     def __init__(self):
         self.entry: tuple | None = None  # (key, tensors kept alive, versions, attn_mask, empty_rows)
 
-    def get(self, call: AttentionCall) -> tuple[torch.Tensor, torch.Tensor]:
+    def get(self, call: AttentionCall) -> tuple[torch.Tensor, torch.Tensor | None]:
         tensors = _mask_tensors(call.mask)
         if tensors is None or call.q_len * call.kv_len > self.MAX_ENTRIES or torch.compiler.is_compiling() or any(
                 t is not None and t.is_inference() for t in (*tensors, call.q_positions, call.kv_positions)):
             return _dense(call)  # inference tensors have no version counter to detect in-place edits
-        held = (call.mask, *tensors, call.q_positions, call.kv_positions)  # kept alive: no storage is reused
+        rules = _rules_key(call.mask)  # equal position-rule masks share an entry, whatever the object
+        held = (call.mask if rules is None else None, *tensors, call.q_positions, call.kv_positions)  # kept alive
         # positions are fresh views each call (validation reshapes them): compare their storage, not the object
-        key = (call.q_len, call.kv_len, call.q.device, _storage(call.q_positions), _storage(call.kv_positions))
+        key = (rules, call.q_len, call.kv_len, call.q.device, _storage(call.q_positions), _storage(call.kv_positions))
         versions = tuple(t._version for t in tensors)
         entry = self.entry
         if entry is not None and entry[0] == key and entry[2] == versions and len(entry[1]) == len(held) \
@@ -49,6 +53,21 @@ class LastDenseMask:
         attn_mask, empty_rows = _dense(call)
         self.entry = (key, held, versions, attn_mask, empty_rows)
         return attn_mask, empty_rows
+
+
+_RULES = (Causal, SlidingWindow, Strided, GlobalTokens, And, Or, Not)
+
+
+def _rules_key(mask: MaskSpec) -> str | None:
+    """``repr(mask)`` when the mask is built only from built-in position rules (its repr then says all of
+    it), else None."""
+    stack = [mask]
+    while stack:
+        node = stack.pop()
+        if type(node) not in _RULES:
+            return None
+        stack.extend(node.parts if isinstance(node, And) else [node.inner] if isinstance(node, Not) else [])
+    return repr(mask)
 
 
 def _storage(t: torch.Tensor | None) -> tuple | None:
@@ -75,13 +94,16 @@ def _mask_tensors(mask) -> list[torch.Tensor] | None:
     return found
 
 
-def _dense(call: AttentionCall) -> tuple[torch.Tensor, torch.Tensor]:
-    """The call's dense bool mask with empty rows opened, and the empty-row mask ``(B|1, H|1, Lq, 1)``.
+def _dense(call: AttentionCall) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The call's dense bool mask with empty rows opened, and the empty-row mask ``(B|1, H|1, Lq, 1)`` (None
+    when every row sees a key: no zeroing pass on the output).
 
     Rows with no visible key see every key and get their output zeroed afterwards: finite gradients on
     every kernel, whatever it does with an all-masked row."""
     attn_mask = materialize(call.mask, *call.positions())  # bool, broadcastable to (B, H, Lq, Lk)
     empty_rows = ~attn_mask.any(dim=-1, keepdim=True)  # (B|1, H|1, Lq, 1)
+    if not bool(empty_rows.any()):
+        return attn_mask, None
     return attn_mask | empty_rows, empty_rows
 
 
