@@ -102,7 +102,7 @@ def _dense(call: AttentionCall) -> tuple[torch.Tensor, torch.Tensor | None]:
     every kernel, whatever it does with an all-masked row."""
     attn_mask = materialize(call.mask, *call.positions())  # bool, broadcastable to (B, H, Lq, Lk)
     empty_rows = ~attn_mask.any(dim=-1, keepdim=True)  # (B|1, H|1, Lq, 1)
-    if not bool(empty_rows.any()):
+    if not torch.compiler.is_compiling() and not bool(empty_rows.any()):  # (a data-dependent branch breaks graphs)
         return attn_mask, None
     return attn_mask | empty_rows, empty_rows
 
