@@ -122,13 +122,16 @@ class OffsetTable:
         self.call, self.interval, self.base, self.heads = call, interval, base, heads
         d_lo, d_hi = reach
         first, last = base - (call.q_len - 1), base + call.kv_len - 1  # offsets of the corner entries
-        self.d0 = first if d_lo is None else max(d_lo, first)
+        # BLOCK spare columns on the left: a piece cut into runs of rows (tiled.split_rows) starts its later
+        # runs up to BLOCK - 1 rows lower in the table, against the same first key
+        self.d0 = (first if d_lo is None else max(d_lo, first)) - BLOCK
         self.width = max(0, (last if d_hi is None else min(d_hi, last)) - self.d0 + 1) + BLOCK
         self._table: torch.Tensor | None = None
 
     def terms(self, piece: Piece, rows: slice, heads: slice) -> torch.Tensor:
         """The term of ``piece`` for ``heads`` (of this group; batch rows share it): ``(1, h, lq, lk)`` view."""
         x0 = self.base + piece.kv[0][0] - piece.q_lo - self.d0
+        assert x0 >= 0 and x0 + piece.lk <= self.width, "piece outside the offset table"
         return self.table[None, heads, :piece.lq, x0:x0 + piece.lk]
 
     @property
