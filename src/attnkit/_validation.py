@@ -69,13 +69,14 @@ class AttentionCall:
 
     @property
     def bias_needs_grad(self) -> bool:
-        """A float bias tensor, or a bias module's parameter, that autograd must reach."""
+        """A float bias tensor, or a structured bias built from tensors (parameters, buffers, anything) that
+        autograd must reach: the bias is asked, by scoring one entry."""
         if not torch.is_grad_enabled() or self.bias is None:
             return False
         if isinstance(self.bias, torch.Tensor):
             return self.bias.requires_grad
-        params = getattr(self.bias, "parameters", None)
-        return callable(params) and any(p.requires_grad for p in params())
+        zero = torch.zeros((), dtype=torch.long, device=self.q.device)
+        return bool(self.bias.score(zero, zero, zero).requires_grad)
 
     def positions(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Query and key positions ``(B|1, Lq)``, ``(B|1, Lk)`` int64 on q's device."""

@@ -250,3 +250,16 @@ def test_more_queries_than_keys_use_positions_below_zero():
     _check(q, k, v, M.causal(), bias=ak.positions.ALiBi(2))
     out = ak.attention(q, k, v, M.causal(), bias=ak.positions.ALiBi(2), backend="blocksparse")
     assert torch.equal(out[:, :, :100], torch.zeros_like(out[:, :, :100]))  # before every key: no visible key
+
+
+def test_learnable_alibi_slopes_are_routed_to_a_backend_that_trains_them():
+    """A bias is asked whether it needs a gradient (here a buffer made trainable), not only its parameters."""
+    alibi = ak.positions.ALiBi(2)
+    alibi.slopes.requires_grad_(True)
+    q, k, v = _qkv(1, 2, 2, 4096, 4096, 8)
+    assert ak.explain(q, k, v, M.sliding_window(256), bias=alibi).chosen == "sdpa"
+    small = _qkv(1, 2, 2, 32, 32, 8)
+    with pytest.raises(ak.errors.BackendUnsupportedError, match="no gradient to the bias"):
+        ak.attention(*small, M.causal(), bias=alibi, backend="blocksparse")
+    ak.attention(*small, M.causal(), bias=alibi).sum().backward()
+    assert alibi.slopes.grad is not None and torch.isfinite(alibi.slopes.grad).all()

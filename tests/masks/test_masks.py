@@ -153,3 +153,10 @@ def test_batch_mismatch_between_mask_data_and_call():
     ctx = MaskContext(torch.zeros(3, 2, dtype=torch.long), torch.zeros(3, 2, dtype=torch.long))
     with pytest.raises(AttnkitValueError, match="carries data for batch 2 but the call has batch 3"):
         M.padding(torch.tensor([1, 2])).bind(ctx)
+
+
+def test_document_needs_query_ids_when_queries_outnumber_keys():
+    q, k = torch.randn(1, 1, 6, 4), torch.randn(1, 1, 4, 4)
+    for backend in ("math", "sdpa", "blocksparse"):
+        with pytest.raises(AttnkitValueError, match="pass q_doc_ids"):
+            ak.attention(q, k, k, M.document(torch.zeros(1, 4, dtype=torch.long)), backend=backend)

@@ -44,7 +44,9 @@ class LastDenseMask:
         rules = _rules_key(call.mask)  # equal position-rule masks share an entry, whatever the object
         held = (call.mask if rules is None else None, *tensors, call.q_positions, call.kv_positions)  # kept alive
         # positions are fresh views each call (validation reshapes them): compare their storage, not the object
-        key = (rules, call.q_len, call.kv_len, call.q.device, _storage(call.q_positions), _storage(call.kv_positions))
+        # inference-mode results can't enter autograd later: a mask built under inference_mode serves only there
+        key = (rules, call.q_len, call.kv_len, call.q.device, torch.is_inference_mode_enabled(),
+               _storage(call.q_positions), _storage(call.kv_positions))
         versions = tuple(t._version for t in tensors)
         entry = self.entry
         if entry is not None and entry[0] == key and entry[2] == versions and len(entry[1]) == len(held) \

@@ -164,10 +164,7 @@ def _(mask: Padding, grid: BlockGrid) -> BlockCover:
 
 @cover.register
 def _(mask: Document, grid: BlockGrid) -> BlockCover:
-    ctx = grid.ctx
-    kv_doc = mask.doc_ids.to(ctx.device).expand(ctx.batch, -1)  # (B, Lk)
-    q_doc = kv_doc[:, ctx.kv_len - ctx.q_len:] if mask.q_doc_ids is None else \
-        mask.q_doc_ids.to(ctx.device).expand(ctx.batch, -1)  # (B, Lq)
+    q_doc, kv_doc = mask.ids_for(grid.ctx)  # (B, Lq), (B, Lk)
     q_r, kv_r = grid.q_tiles(q_doc[grid.rows]), grid.kv_tiles(kv_doc[grid.rows])
     return BlockCover(_overlap(*q_r, *kv_r), _single_equal(*q_r, *kv_r))
 

@@ -316,6 +316,11 @@ class Document(MaskSpec):
 
     def bind(self, ctx: MaskContext) -> BoundMask:
         _check_batch(self, ctx)
+        q_doc, kv_doc = self.ids_for(ctx)  # (B, Lq), (B, Lk)
+        return lambda b, h, q_idx, kv_idx: q_doc[b, q_idx] == kv_doc[b, kv_idx]
+
+    def ids_for(self, ctx: MaskContext) -> tuple[torch.Tensor, torch.Tensor]:
+        """Document ids of the call's queries ``(B, Lq)`` and keys ``(B, Lk)``, checked against its lengths."""
         kv_doc = self.doc_ids.to(ctx.device).expand(ctx.batch, -1)  # (B, Lk)
         if kv_doc.shape[1] != ctx.kv_len:
             raise AttnkitValueError(
@@ -327,9 +332,12 @@ class Document(MaskSpec):
             if q_doc.shape[1] != ctx.q_len:
                 raise AttnkitValueError(f"q_doc_ids has length {q_doc.shape[1]} but the call has Lq={ctx.q_len}; "
                                         "pass one document id per query, shape (B, Lq).")
-        else:
-            q_doc = kv_doc[:, ctx.kv_len - ctx.q_len:]  # (B, Lq): queries are the last Lq tokens
-        return lambda b, h, q_idx, kv_idx: q_doc[b, q_idx] == kv_doc[b, kv_idx]
+            return q_doc, kv_doc
+        if ctx.q_len > ctx.kv_len:
+            raise AttnkitValueError(
+                f"document(doc_ids) has no ids for Lq={ctx.q_len} queries against Lk={ctx.kv_len} keys (by default the "
+                "queries are the last Lq keys); pass q_doc_ids=... with one document id per query.")
+        return kv_doc[:, ctx.kv_len - ctx.q_len:], kv_doc  # queries are the last Lq tokens
 
     def __repr__(self) -> str:
         return f"document(doc_ids{tuple(self.doc_ids.shape)})"
