@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -67,7 +68,7 @@ class AttentionCall:
         return torch.is_grad_enabled() and (any(t.requires_grad for t in (self.q, self.k, self.v))
                                             or self.bias_needs_grad)
 
-    @property
+    @cached_property  # asked by the router and the backends: the bias is scored once per call
     def bias_needs_grad(self) -> bool:
         """A float bias tensor, or a structured bias built from tensors (parameters, buffers, anything) that
         autograd must reach: the bias is asked, by scoring one entry."""

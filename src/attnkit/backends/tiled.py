@@ -10,8 +10,8 @@ maxima kept by the forward pass), as flash attention does.
 
 Scores more than :data:`CUTOFF` below their row's maximum are set to ``-inf`` before the softmax. Their
 weights (< e^-60, about 9e-27 of the largest) are far below float32 resolution; cutting them keeps
-subnormals out of the products (a measured 4x on the whole kernel). Rows with no visible key give 0 with
-zero gradients.
+subnormals out of the products (prototype at N = 4096, ALiBi: 289 -> 87 ms forward). Rows with no
+visible key give 0 with zero gradients.
 
 The additive term of a chunk comes from a callback ``terms(piece, rows, heads) -> (r|1, h|1, lq, lk)``
 (``-inf`` where the mask forbids), so the same kernel serves a Toeplitz table slice
