@@ -182,3 +182,37 @@ def test_torch_default_seed_not_consumed():
     torch.manual_seed(3)
     ak.doctor.examine(good_attention, checks=["causal-leak", "layout"])
     assert torch.equal(torch.rand(1), expected)
+
+
+def test_every_registered_check_runs(monkeypatch):
+    """Registration is the only source: a check registered with @check runs, in its declared order
+    (issue 11 defect 3: one missing from ORDER never ran while the report said ok)."""
+    from attnkit.diagnostics.checks import REGISTRY, base, names
+
+    def always_fails(subject, options):
+        return base.Outcome(base.FAIL, "planted failure")
+
+    monkeypatch.setitem(REGISTRY, "planted", base.Check("planted", "planted", "remove the plant", always_fails, 55.0))
+    report = ak.doctor.examine(good_attention)
+    assert [r.name for r in report.results] == names()
+    assert {r.name for r in report.results} == set(REGISTRY)
+    assert report["planted"].status == "FAIL" and not report.ok
+    order = [r.name for r in report.results]
+    assert order.index("scale") < order.index("planted") < order.index("mask-placement")  # order=55 between 50, 60
+
+
+def test_check_modules_are_discovered_and_names_are_unique():
+    import importlib
+    import pkgutil
+    import sys
+
+    import attnkit.diagnostics.checks as checks
+    from attnkit.diagnostics.checks import base
+
+    assert all(f"{checks.__name__}.{m.name}" in sys.modules for m in pkgutil.iter_modules(checks.__path__))
+    module = importlib.import_module("attnkit.diagnostics.checks.leaks")
+    with pytest.raises(ak.errors.AttnkitValueError, match="'causal-leak' is already registered by"):
+        base.check("causal-leak", "t", "f")(lambda subject, options: None)
+    with pytest.raises(ak.errors.AttnkitValueError, match="order must be a number"):
+        base.check("x", "t", "f", order="first")
+    assert module is not None

@@ -1,31 +1,60 @@
 """``attnkit`` command line: thin subcommands over library functions.
 
 Each subcommand is a module ``attnkit.cli.<name>`` with ``add_parser(subparsers)``; the parser sets
-``run(args) -> int`` as a default.
+``run(args) -> int`` as a default. Commands are discovered: every module of this package that defines
+``add_parser`` is one, so adding a command is adding a file.
+
+A user error (a typed :class:`attnkit.errors.AttnkitError` for bad input or an unsupported environment)
+prints its message alone and exits with status 2; ``--debug`` shows the traceback instead.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
+import pkgutil
 import sys
 
-COMMANDS = ["demo", "masks", "bench", "train", "generate", "doctor"]
+import attnkit.cli as _package
+from attnkit.errors import AttnkitError
+
+_NOT_COMMANDS = {"main"}
+
+
+def command_modules() -> dict[str, object]:
+    """``{command name: module}`` for every ``attnkit.cli`` module with ``add_parser`` (underscores -> dashes)."""
+    found = {}
+    for info in sorted(pkgutil.iter_modules(_package.__path__), key=lambda m: m.name):
+        if info.name.startswith("_") or info.name in _NOT_COMMANDS:
+            continue
+        module = importlib.import_module(f"{_package.__name__}.{info.name}")
+        if callable(getattr(module, "add_parser", None)):
+            found[info.name.replace("_", "-")] = module
+    return found
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="attnkit", description="Self-attention that is right, fast and understandable.")
+    parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
     sub = parser.add_subparsers(dest="command", required=True)
-    for name in COMMANDS:
-        if importlib.util.find_spec(f"attnkit.cli.{name}") is not None:
-            importlib.import_module(f"attnkit.cli.{name}").add_parser(sub)
+    for module in command_modules().values():
+        module.add_parser(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv  # also honoured after the subcommand (attnkit train ... --debug)
+    argv = [a for a in argv if a != "--debug"]
     args = build_parser().parse_args(argv)
-    return int(args.run(args) or 0)
+    try:
+        return int(args.run(args) or 0)
+    except AttnkitError as exc:  # a user error: the typed message (it names the value and the fix) alone
+        if debug:
+            raise
+        print(f"attnkit {args.command}: error: {exc}", file=sys.stderr)
+        print("(run again with --debug for the traceback)", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

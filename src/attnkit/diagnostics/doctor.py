@@ -22,7 +22,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
-from attnkit.diagnostics.checks import FAIL, ORDER, PASS, REGISTRY, SKIP, WARN, Options, Skip
+from attnkit.diagnostics.checks import FAIL, PASS, REGISTRY, SKIP, WARN, Options, Skip, names
 from attnkit.diagnostics.subjects import TokenAdapter, make_subject
 from attnkit.errors import AttnkitValueError
 
@@ -107,7 +107,7 @@ def examine(subject, *, checks: Sequence[str] | None = None, skip: Sequence[str]
             broadcastable to ``(B, H, Lq, Lk)``, True = may attend, or None), a module ``m(x, mask)`` on
             ``x (B, L, E)``, an :class:`attnkit.nn.MultiHeadAttention`, an attnkit model (decoder-model
             protocol) or a Hugging Face model.
-        checks: run only these checks (names from ``attnkit.diagnostics.checks.ORDER``); default all.
+        checks: run only these checks (names from ``attnkit.diagnostics.checks.names()``); default all.
         skip: check names to leave out (reported as SKIP).
         embed_dim: the input width E of a module, when it can't be read from the module.
         adapter: a :class:`TokenAdapter` telling the doctor how to call any other token model.
@@ -118,11 +118,11 @@ def examine(subject, *, checks: Sequence[str] | None = None, skip: Sequence[str]
     """
     unknown = [c for c in list(checks or []) + list(skip) if c not in REGISTRY]
     if unknown:
-        raise AttnkitValueError(f"unknown check names {unknown}; choose from {ORDER}.")
+        raise AttnkitValueError(f"unknown check names {unknown}; choose from {names()}.")
     wrapped = make_subject(subject, embed_dim=embed_dim, adapter=adapter, name=name)
     options = Options(seed=seed, fresh=fresh, overfit=overfit, overfit_steps=overfit_steps)
     results = []
-    for check_name in ORDER:
+    for check_name in names():  # every registered check, in its declared order
         chk = REGISTRY[check_name]
         if checks is not None and check_name not in checks:
             continue

@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from attnkit.errors import AttnkitValueError
+
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
 
 
@@ -48,19 +50,43 @@ class Check:
     title: str
     fix: str
     run: Callable
+    order: float = 1000.0  # the report's position: lower runs first; equal orders keep registration order
 
 
 REGISTRY: dict[str, Check] = {}
 
 
-def check(name: str, title: str, fix: str):
-    """Register ``run(subject, options) -> Outcome`` as the check ``name``."""
+def check(name: str, title: str, fix: str, *, order: float = 1000.0):
+    """Register ``run(subject, options) -> Outcome`` as the check ``name``.
+
+    Registration is the single source of what runs: the doctor runs every registered check, sorted by
+    ``order`` (the built-ins use 10..120; the default 1000 puts a new check after them), ties in registration
+    order. A module under ``attnkit.diagnostics.checks`` is imported (and so registered) automatically.
+    """
+    if not isinstance(name, str) or not name:
+        raise AttnkitValueError(f"check name must be a non-empty string, got {name!r}.")
+    if isinstance(order, bool) or not isinstance(order, (int, float)) or order != order:
+        raise AttnkitValueError(f"check {name!r}: order must be a number (lower runs first), got {order!r}.")
 
     def register(fn: Callable) -> Callable:
-        REGISTRY[name] = Check(name, title, fix, fn)
+        old = REGISTRY.get(name)
+        if old is not None and _origin(old.run) != _origin(fn):
+            raise AttnkitValueError(f"check name {name!r} is already registered by {_origin(old.run)}; give "
+                                    f"{_origin(fn)} another name.")
+        REGISTRY[name] = Check(name, title, fix, fn, float(order))
         return fn
 
     return register
+
+
+def _origin(fn: Callable) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def names() -> list[str]:
+    """Every registered check's name, in the order the doctor runs them."""
+    position = {n: i for i, n in enumerate(REGISTRY)}
+    return sorted(REGISTRY, key=lambda n: (REGISTRY[n].order, position[n]))
 
 
 # ------------------------------------------------------------------------------------------ shared helpers

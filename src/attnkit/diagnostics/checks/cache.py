@@ -37,7 +37,7 @@ def decode(lm, tokens: torch.Tensor, chunks: list[int], *, explicit_positions: b
 @check("kv-cache", "KV cache",
        "Store keys at their absolute positions, give new tokens positions = number of cached tokens + arange(L_new) "
        "(RoPE and learned embeddings too), and align the causal mask bottom-right (never SDPA is_causal=True with "
-       "Lq != Lk).")
+       "Lq != Lk).", order=40)
 def kv_cache(subject, options) -> Outcome:
     lm = subject.lm
     if lm is None or lm.new_cache is None:

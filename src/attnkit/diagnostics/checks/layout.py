@@ -14,7 +14,7 @@ from attnkit.diagnostics.subjects import attnkit_attention_modules, module_subje
 
 @check("layout", "head/sequence layout",
        "Split heads with x.view(B, L, H, D).transpose(1, 2) and merge them back with out.transpose(1, 2)"
-       ".reshape(B, L, H * D); never view (B, L, E) directly as (B, H, L, D).")
+       ".reshape(B, L, H * D); never view (B, L, E) directly as (B, H, L, D).", order=70)
 def layout(subject, options) -> Outcome:
     L = options.seq_len
     perm = torch.randperm(L, generator=gen(options, 12))

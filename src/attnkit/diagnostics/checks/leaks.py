@@ -67,7 +67,7 @@ def _verdict(past: float, future: float, grad: float | None, tol: float, where: 
 
 @check("causal-leak", "causal leak",
        "Mask future keys before the softmax: a query at position p sees keys at positions <= p (torch.tril / "
-       "ak.masks.causal(), not triu(..., 1) or an off-by-one diagonal); with a cache align it bottom-right.")
+       "ak.masks.causal(), not triu(..., 1) or an off-by-one diagonal); with a cache align it bottom-right.", order=10)
 def causal_leak(subject, options) -> Outcome:
     t = options.seq_len // 2
     L = options.seq_len
@@ -137,7 +137,7 @@ def _padding_outcome(results: dict[str, float], tol: float, notes: list[str]) ->
 
 @check("padding-leak", "padding leak",
        "Mask padded keys in every layer (key_is_real = attention_mask.bool(), combined with the causal mask), "
-       "and give left-padded rows positions that start at their first real token.")
+       "and give left-padded rows positions that start at their first real token.", order=20)
 def padding_leak(subject, options) -> Outcome:
     n = options.seq_len - 2  # real tokens
     notes: list[str] = []
@@ -213,7 +213,7 @@ def padding_leak(subject, options) -> Outcome:
 
 @check("packing-leak", "packing leak",
        "Packed rows need a document mask (a token attends only within its document, & causal) and positions "
-       "that restart at each document.")
+       "that restart at each document.", order=30)
 def packing_leak(subject, options) -> Outcome:
     a = options.seq_len // 2 - 1
     b = options.seq_len - a

@@ -68,7 +68,7 @@ def first_loss(subject, options) -> tuple[float, float] | None:
 
 @check("init", "initialisation",
        "Draw weights from normal(0, 0.02) (or ~1/sqrt(fan_in)), scale the residual output projections by "
-       "1/sqrt(2 * n_layers), and check the first loss is about log(vocab).")
+       "1/sqrt(2 * n_layers), and check the first loss is about log(vocab).", order=100)
 def init(subject, options) -> Outcome:
     if options.fresh is False:
         raise Skip("the subject is trained (fresh=False): initialisation does not apply")
@@ -128,7 +128,7 @@ def _hf_attentions(s, options):
 
 @check("attention-health", "attention health",
        "Collapsed heads: lower the learning rate, add warmup, QK-norm or a logit softcap, and check the scale; "
-       "uniform heads after training: the attention learned nothing - check the masks and the scale.")
+       "uniform heads after training: the attention learned nothing - check the masks and the scale.", order=110)
 def attention_health(subject, options) -> Outcome:
     if subject.module is None:
         raise Skip("needs a model to run on a sample input (a bare function has no weights to watch)")
@@ -177,7 +177,7 @@ def attention_health(subject, options) -> Outcome:
 
 @check("overfit", "overfit 10 samples",
        "The model can't memorise 10 samples: look for a bug in the data, the target shift (predict token t+1 from "
-       "tokens <= t), the mask or the optimiser before scaling up.")
+       "tokens <= t), the mask or the optimiser before scaling up.", order=120)
 def overfit(subject, options) -> Outcome:
     if not options.overfit:
         raise Skip("optional: pass overfit=True (attnkit doctor --overfit) to train a copy on 10 samples")

@@ -96,7 +96,7 @@ def _hf_scales(s, options: Options) -> list[tuple[str, float, int]]:
 
 
 @check("scale", "softmax scale",
-       "Multiply the scores by 1/sqrt(d_k), d_k = the head dim (not the model width), before the softmax.")
+       "Multiply the scores by 1/sqrt(d_k), d_k = the head dim (not the model width), before the softmax.", order=50)
 def scale(subject, options) -> Outcome:
     found: list[tuple[str, str]] = []  # (status, text)
     details: dict = {}
@@ -131,7 +131,7 @@ def scale(subject, options) -> Outcome:
 
 @check("mask-placement", "mask placement",
        "Apply the mask to the scores before the softmax (where(mask, scores, -inf) with a safe softmax); never "
-       "multiply the probabilities by the mask after the softmax.")
+       "multiply the probabilities by the mask after the softmax.", order=60)
 def mask_placement(subject, options) -> Outcome:
     if subject.fn is None:
         raise Skip("needs the attention function (the probabilities are read from it with v = identity)")
@@ -218,7 +218,7 @@ def _unsupported_kernel(exc: Exception) -> bool:
 
 @check("low-precision", "fully masked rows and low precision",
        "Never use a literal like -1e9 for masked scores (it overflows float16, max 65504): use -inf with a safe "
-       "softmax (fully masked rows -> 0) or torch.finfo(scores.dtype).min in a where; run the softmax in float32.")
+       "softmax (fully masked rows -> 0) or torch.finfo(scores.dtype).min in a where; run the softmax in float32.", order=80)
 def low_precision(subject, options) -> Outcome:
     if subject.seq is not None or subject.lm is not None:
         run, where = (lambda dt: _finite_model(subject, options, dt)), "model"
@@ -279,7 +279,7 @@ def _set_backends(module, name: str) -> list[str]:
 @check("backend-agreement", "backend agreement",
        "The result disagrees with the float64 reference beyond 2x the reference's own float32 error: compare the "
        "implementation term by term with ak.reference_attention; for an attnkit backend, pin backend='math' and "
-       "report the case (ak.explain shows which kernel served it).")
+       "report the case (ak.explain shows which kernel served it).", order=90)
 def backend_agreement(subject, options) -> Outcome:
     import attnkit
 
