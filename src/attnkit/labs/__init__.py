@@ -8,7 +8,16 @@
 every lab at CI size. See docs/labs.md for the committed full runs and what they mean.
 """
 
+# importing a lab registers it; `attnkit lab all` runs them in this order
+from attnkit.labs import (
+    efficient,  # noqa: E402,F401
+    heads,  # noqa: E402,F401
+    long_range,  # noqa: E402,F401
+    mask,  # noqa: E402,F401
+    pitfalls,  # noqa: E402,F401
+    positions,  # noqa: E402,F401
+    scale,  # noqa: E402,F401,I001
+)
 from attnkit.labs.registry import LABS, Lab, get_lab, lab, run_lab
-from attnkit.labs import scale  # noqa: E402,F401 - registers the labs, in the order `all` runs them
 
 __all__ = ["LABS", "Lab", "get_lab", "lab", "run_lab"]

@@ -89,31 +89,32 @@ VOCAB = ByteTokenizer.vocab_size
 
 # ------------------------------------------------------------------------------------------- synthetic tasks
 
-def recall_batch(g: torch.Generator, batch: int, length: int, vocab: int, pairs: int,
-                 gap: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Associative recall (Zoology's small setting): ``pairs`` key-value pairs (a key token, then its value)
-    at random places among filler, and at the last position one of the keys again; the target is its value.
-    Keys come from the lower half of the vocabulary, values and filler from the upper half. ``gap`` = how many
-    tokens back the queried value sits from the query (uniform in [1, L-2] when None).
+def recall_batch(g: torch.Generator, batch: int, length: int, vocab: int,
+                 pairs: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Multi-query associative recall (Zoology's small setting, MQAR): ``pairs`` key-value pairs (a key, then
+    its value) at random places in the first half among filler, and in the second half each key once more at a
+    random place; the target at a repeated key is its value. Keys come from the lower half of the vocabulary,
+    values and filler from the upper half (chance = 2 / vocab).
 
-    Returns inputs, targets ``(B, L)`` (IGNORE except the last position) and the gap of each row ``(B,)``."""
+    Returns inputs, targets ``(B, L)`` (IGNORE except at the queries) and ``gaps`` ``(B, L)``: how many tokens
+    back the answer sits from each query (-1 elsewhere)."""
     half = vocab // 2
     tokens = torch.randint(half, vocab, (batch, length), generator=g)  # filler and values (B, L)
     targets = torch.full((batch, length), IGNORE)
-    gaps = torch.randint(1, length - 1, (batch,), generator=g) if gap is None else torch.full((batch,), gap)
+    gaps = torch.full((batch, length), -1)
     for b in range(batch):
-        keys = torch.randperm(half - 1, generator=g)[:pairs] + 1  # distinct keys (P,)
-        value_pos = length - 1 - int(gaps[b])
-        starts = [value_pos - 1]  # the queried pair first
-        for p in torch.randperm(length - 2, generator=g).tolist():  # the other pairs where they fit
+        keys = (torch.randperm(half - 1, generator=g)[:pairs] + 1).tolist()  # distinct keys
+        starts = []
+        for s in torch.randperm(length // 2 - 1, generator=g).tolist():  # non-overlapping pairs, first half
+            if all(abs(s - t) >= 2 for t in starts):
+                starts.append(s)
             if len(starts) == pairs:
                 break
-            if all(abs(p - s) >= 2 for s in starts):
-                starts.append(p)
-        for key, s in zip(keys, starts):
-            tokens[b, s] = key  # the value at s + 1 is the filler token already there
-        tokens[b, -1] = keys[0]
-        targets[b, -1] = tokens[b, value_pos]
+        queries = (torch.randperm(length - length // 2, generator=g)[:pairs] + length // 2).tolist()
+        for key, s, q in zip(keys, starts, queries):
+            tokens[b, s], tokens[b, q] = key, key
+            targets[b, q] = tokens[b, s + 1]
+            gaps[b, q] = q - (s + 1)
     return tokens, targets, gaps
 
 

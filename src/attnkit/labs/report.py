@@ -34,6 +34,9 @@ class Claim:
             return {"claim": self.claim, "band": self.band, "measured": f"not measured ({exc})",
                     "parts": [], "verdict": "not measured"}
         parts = [bool(p) for p in parts]
+        if not parts:  # nothing fell inside the band's scope: no verdict rather than a vacuous "holds"
+            return {"claim": self.claim, "band": self.band, "measured": measured, "parts": [],
+                    "verdict": "not measured"}
         verdict = HOLDS if all(parts) else FAILS if not any(parts) else MIXED
         return {"claim": self.claim, "band": self.band, "measured": measured, "parts": parts, "verdict": verdict}
 
