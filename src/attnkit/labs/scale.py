@@ -17,7 +17,6 @@ from attnkit.diagnostics.metrics import head_metrics
 from attnkit.labs.harness import seeded, text_data, tiny_lm, train
 from attnkit.labs.registry import lab
 from attnkit.labs.report import Claim, fmt
-from attnkit.labs.variants import LabAttention, lab_attention
 from attnkit.nn import MultiHeadAttention
 
 ONE_HOT = 0.9  # a row is "near one-hot" when its largest probability is at least this
@@ -52,7 +51,7 @@ def init_sweep(dims: list[int], length: int, rows: int) -> dict:
 
 def attention_stats(model, inputs) -> dict:
     """Mean statistics of every layer's attention rows on a fixed batch (causal rows with >= 2 keys)."""
-    with torch.no_grad(), capture(model, scores=True, module_types=(LabAttention, MultiHeadAttention)) as cap:
+    with torch.no_grad(), capture(model, scores=True) as cap:
         model(inputs)
     maxp, ent, share, logit = [], [], [], []
     for r in cap.records:
@@ -82,9 +81,12 @@ def train_pair(p: dict) -> dict:
     data = text_data(p["train_bytes"], 100_000)
     probe_x, probe_y = data.eval_windows(p["seq_len"], 8 * p["seq_len"])
     runs = {}
-    for name, kind in (("scaled", "softmax"), ("unscaled", lab_attention("unscaled", scale=1.0))):
+    for name in ("scaled", "unscaled"):
         seeded(p["seed"])
-        model = tiny_lm(dim=p["dim"], n_heads=p["dim"] // 64, n_layers=2, max_seq_len=p["seq_len"], attention=kind)
+        model = tiny_lm(dim=p["dim"], n_heads=p["dim"] // 64, n_layers=2, max_seq_len=p["seq_len"])
+        if name == "unscaled":
+            for block in model.blocks:
+                block.attn.scale = 1.0  # MultiHeadAttention's score scale: no 1/sqrt(d_k)
 
         def probe(step, m, hist):
             hist.log("step", step)

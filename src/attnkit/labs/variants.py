@@ -41,7 +41,8 @@ class LabAttention(nn.Module):
         else:
             dropout = self.inner.dropout if self.training else 0.0
             out = attention(q, k, v, self.fixed_mask if self.fixed_mask is not None else mask,
-                            bias=self.inner.alibi, scale=self.scale, dropout_p=dropout,
+                            bias=self.inner.score_bias, scale=self.scale if self.scale is not None else self.inner.scale,
+                            dropout_p=dropout,
                             q_positions=positions, kv_positions=positions)
         out = out.transpose(1, 2).reshape(B, L, -1)  # (B, L, H*D)
         return self.inner.out_proj(out)
