@@ -74,9 +74,9 @@ def test_extrapolation_skips_without_a_training_length():
 
 def test_attention_dropout_passes_with_dropout_and_warns_without():
     good = run(nano(dropout=0.1), "attention-dropout", fresh=True)
-    assert good.status == "PASS" and "attention dropout 0.1..0.1 in 2 layers" in good.evidence
+    assert good.status == "PASS" and "attention dropout 0.1..0.1 in 2 settings" in good.evidence
     bad = run(nano(), "attention-dropout", fresh=True)
-    assert bad.status == "WARN" and "attention dropout is 0 in 2 of 2 layers" in bad.evidence
+    assert bad.status == "WARN" and "attention dropout is 0 in 2 of 2 settings" in bad.evidence
     assert LAB_EVIDENCE in bad.evidence
 
 

@@ -42,7 +42,8 @@ def attention_dropout(subject, options) -> Outcome:
     zero = [name for name, rate in rates.items() if rate == 0.0]
     details = {"rates": rates, "evidence": LAB_EVIDENCE}
     if zero:
-        return Outcome(WARN, f"attention dropout is 0 in {len(zero)} of {len(rates)} layers ({zero[0]}, ...): a small "
+        where = ", ".join(zero[:2]) + (", ..." if len(zero) > 2 else "")
+        return Outcome(WARN, f"attention dropout is 0 in {len(zero)} of {len(rates)} settings ({where}): a small "
                        f"model on little data overfits ({LAB_EVIDENCE})", details)
-    return Outcome(PASS, f"attention dropout {min(rates.values()):g}..{max(rates.values()):g} in {len(rates)} layers",
+    return Outcome(PASS, f"attention dropout {min(rates.values()):g}..{max(rates.values()):g} in {len(rates)} settings",
                    details)
