@@ -53,3 +53,21 @@ def test_linear_attention_models_are_refused():
 
     with pytest.raises(NotImplementedError, match="are linear attention"):
         check_model(torch.nn.Sequential(LinearAttention(16, 2)))
+
+
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="torch built without gloo")
+def test_context_parallel_run_resumes_bitwise(tmp_path):
+    import shutil
+
+    from attnkit.training.checkpoint import list_checkpoints
+
+    run = tmp_path / "run"
+    first = _torchrun(2, *cli_args(run, *ARGS, "--ckpt-every", "2", "--context-parallel", "2"))
+    assert first.returncode == 0, first.stderr[-3000:]
+    crashed = tmp_path / "crashed"
+    shutil.copytree(run, crashed)
+    shutil.rmtree(list_checkpoints(crashed)[-1])  # as if killed between the checkpoints of steps 2 and 4
+    resumed = _torchrun(2, "train", "--resume", str(crashed), "--no-progress")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed" in resumed.stdout
+    assert _losses(crashed).tolist() == _losses(run).tolist()  # exact floats, every step

@@ -1,11 +1,14 @@
 """Context parallelism inside a model: a backend that serves every attention layer from a sharded scope.
 
-A model built with ``backend="context_parallel"`` runs unchanged on a shard of each row: inside
-``with sharded(layout, mask, positions=..., group=...)`` every attention call becomes
+A model runs unchanged on a shard of each row: inside ``with sharded(layout, mask, positions=...,
+modules=model)`` its attention layers use ``backend="context_parallel"``, and every attention call becomes
 :func:`context_parallel_attention` over the whole row, at the scope's *global* positions, with the layer's
 own mask (its pattern: causal, a window, chunks - rules on positions, right on any shard) ``&`` the scope's
-mask (what needs the whole row's data, e.g. ``document(doc_ids)`` of the global row). Outside a scope the
-backend hands the call to ``backend="auto"``, so the same model evaluates, samples and decodes on one process.
+mask (what needs the whole row's data, e.g. ``document(doc_ids)`` of the global row). On leaving the scope
+the layers get their own backends back, so the same model evaluates, samples and decodes on one process;
+outside a scope the backend serves nothing (it says so in ``ak.explain``).
+
+The scope must still be open when the backward runs any forward again: gradient checkpointing is refused.
 
 :func:`groups` cuts the world into data-parallel x context-parallel ranks (consecutive ranks form one
 context-parallel group), which is how ``attnkit train --context-parallel N`` runs under torchrun.
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from attnkit._validation import AttentionCall
-from attnkit.backends.registry import register, select
+from attnkit.backends.registry import register
 from attnkit.distributed.attention import context_parallel_attention
 from attnkit.distributed.layout import ShardLayout
 from attnkit.errors import AttnkitValueError, BackendUnsupportedError
@@ -42,29 +45,39 @@ _SCOPES: list[Scope] = []
 
 @contextlib.contextmanager
 def sharded(layout: ShardLayout, mask: MaskSpec | None, *, positions: torch.Tensor | None = None, group=None,
-            strategy: str = "auto"):
+            strategy: str = "auto", modules: torch.nn.Module | None = None):
     """Inside, attention layers with ``backend="context_parallel"`` attend over the whole sharded sequence.
 
     ``mask`` covers the global row (B, L) and is and-ed to each layer's own mask; ``positions`` are the
-    global positions ``(B|1, L)`` (default ``arange(L)``)."""
+    global positions ``(B|1, L)`` (default ``arange(L)``). The attention layers of ``modules`` (every
+    ``attnkit.nn.MultiHeadAttention`` in it) use ``backend="context_parallel"`` inside the scope."""
+    from attnkit.nn import MultiHeadAttention
+
+    layers = [] if modules is None else [m for m in modules.modules() if isinstance(m, MultiHeadAttention)]
+    saved = [m.backend for m in layers]
     _SCOPES.append(Scope(layout, mask, positions, group, strategy))
     try:
+        for m in layers:
+            m.backend = ContextParallelBackend.name
         yield _SCOPES[-1]
     finally:
+        for m, backend in zip(layers, saved):
+            m.backend = backend
         _SCOPES.pop()
 
 
 class ContextParallelBackend:
-    """``backend="context_parallel"``: the innermost :func:`sharded` scope's attention, or ``auto`` outside."""
+    """``backend="context_parallel"``: the innermost :func:`sharded` scope's attention (nothing outside one)."""
 
     name = "context_parallel"
 
     def available(self) -> list[str]:
+        if not _SCOPES:
+            return ["serves calls only inside attnkit.distributed.sharded(...), where each rank holds a shard of "
+                    "the sequence; outside it use any other backend"]
         return []
 
     def supports(self, call: AttentionCall) -> list[str]:
-        if not _SCOPES:
-            return []  # served by auto
         why = []
         if call.return_weights:
             why.append("context parallel attention returns no weights (capture them on one process)")
@@ -78,13 +91,9 @@ class ContextParallelBackend:
         return why
 
     def plan(self, call: AttentionCall) -> str:
-        if not _SCOPES:
-            return "outside a sharded() scope: served by backend='auto'"
         return f"context parallel over {_SCOPES[-1].layout.world} ranks ({_SCOPES[-1].layout.kind} layout)"
 
     def __call__(self, call: AttentionCall):
-        if not _SCOPES:
-            return select(call, "auto")(call)
         scope = _SCOPES[-1]
         parts = [m for m in (call.mask, scope.mask) if m is not None]
         mask = None if not parts else parts[0] if len(parts) == 1 else parts[0] & parts[1]
@@ -130,9 +139,14 @@ def shard_rows(layout: ShardLayout, rank: int, *tensors: torch.Tensor | None):
 
 def check_model(model: torch.nn.Module) -> None:
     """Refuse a model whose attention does not all go through the backend (linear attention layers keep a
-    running state over the local tokens only, which would silently ignore the other ranks)."""
+    running state over the local tokens only, which would silently ignore the other ranks), or that
+    recomputes its forward in backward (gradient checkpointing: outside the scope)."""
     from attnkit.nn import LinearAttention
 
+    if getattr(model, "gradient_checkpointing", False):
+        raise BackendUnsupportedError(
+            "context parallelism with gradient checkpointing: the recomputed forward runs in backward, outside "
+            "the sharded() scope; train with context_parallel=1 or without --grad-checkpointing.")
     found = [name for name, m in model.named_modules() if isinstance(m, LinearAttention)]
     if found:
         raise BackendUnsupportedError(

@@ -143,7 +143,8 @@ def cp_lm_loss(model, bare: TransformerLM, batch, precision: str, device: torch.
     layout = cp.layout_for(bare.mask(doc_ids=batch.doc_ids), L, groups.cp)  # balanced for the row's mask
     inputs, targets, local_positions = cp.shard_rows(layout, groups.cp_rank, batch.inputs, batch.targets, positions)
     documents = None if batch.doc_ids is None else masks.document(batch.doc_ids)  # needs the whole row
-    with cp.sharded(layout, documents, positions=positions, group=groups.group), autocast(precision, device):
+    with cp.sharded(layout, documents, positions=positions, group=groups.group, modules=bare), \
+            autocast(precision, device):
         logits = model(inputs, positions=local_positions)  # (B, L_r, V)
     total = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="sum")
     return total * groups.cp / (B * L)
@@ -196,9 +197,7 @@ class Trainer:
         torch.manual_seed(config.seed)
         self.model_config = lm_config(config.preset, **{"vocab_size": self.tokenizer.vocab_size,
                                                         "max_seq_len": max(self.seq_len, PRESETS[config.preset]
-                                                                           ["max_seq_len"]), **config.model,
-                                                        **({"backend": "context_parallel"} if self.groups.cp > 1
-                                                           else {})})
+                                                                           ["max_seq_len"]), **config.model})
         self.model = TransformerLM(self.model_config).to(self.device)
         self.model.gradient_checkpointing = config.grad_checkpointing
         if self.groups.cp > 1:
