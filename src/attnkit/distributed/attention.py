@@ -239,7 +239,7 @@ class CPExplanation:
 
     def __str__(self) -> str:
         W = len(self.needs)
-        rows = "\n".join("  rank %d needs shards %s" % (r, [s for s in range(W) if self.needs[r][s]]) for r in range(W))
+        rows = "\n".join(f"  rank {r} needs shards {[s for s in range(W) if self.needs[r][s]]}" for r in range(W))
         b = self.forward_bytes()
         return (f"strategy: {self.strategy} ({self.reason})\nlayout: {self.layout}\n{rows}\n"
                 f"forward K/V bytes (all ranks): {b['strategy']} (minimum {b['minimum']})")
