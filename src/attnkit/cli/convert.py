@@ -1,0 +1,29 @@
+"""``attnkit convert``: a Hugging Face model folder as an attnkit run (weights mapped, tokenizer kept).
+
+    attnkit convert --hf path/to/hf_model --out runs/llama
+    attnkit generate --checkpoint runs/llama --prompt "Once upon a time" --temperature 0
+    attnkit doctor runs/llama
+
+GPT-2, LLaMA, Mistral, Qwen2 and BERT folders convert; a config attnkit can't reproduce exactly is refused
+with the field named (exit status 2).
+"""
+
+from __future__ import annotations
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("convert", help="convert a Hugging Face model folder into an attnkit run folder")
+    p.add_argument("--hf", required=True, help="a local Hugging Face folder (config.json + weights [+ tokenizer])")
+    p.add_argument("--out", required=True, help="the run folder to write (checkpoints/step_00000000, tokenizer/)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float64"])
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    import torch
+
+    from attnkit.integrations.hf.checkpoint import convert_folder
+
+    where = convert_folder(args.hf, args.out, dtype=getattr(torch, args.dtype))
+    print(f"wrote {where}")
+    return 0
