@@ -22,8 +22,26 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     import torch
 
-    from attnkit.integrations.hf.checkpoint import convert_folder
-
     where = convert_folder(args.hf, args.out, dtype=getattr(torch, args.dtype))
     print(f"wrote {where}")
     return 0
+
+
+def convert_folder(path, out, *, dtype=None):
+    """Convert the HF folder ``path`` into the attnkit run folder ``out``; returns the checkpoint folder."""
+    from pathlib import Path
+
+    import transformers
+
+    from attnkit.integrations.hf.convert import from_hf
+    from attnkit.integrations.hf.folders import TOKENIZER_DIR, load_hf, save_tokenizer
+    from attnkit.training.checkpoint import save_checkpoint
+
+    hf = load_hf(path, **({} if dtype is None else {"dtype": dtype}))
+    model = from_hf(hf)
+    source = {"path": str(Path(path).resolve()), "model_type": hf.config.model_type,
+              "transformers": transformers.__version__}
+    has_tokenizer = save_tokenizer(path, Path(out) / TOKENIZER_DIR)
+    state = {"model_config": model.config.to_dict(), "converted_from": source,
+             "tokenizer": TOKENIZER_DIR if has_tokenizer else None}
+    return save_checkpoint(out, 0, model, None, state, keep=1)

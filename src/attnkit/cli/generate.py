@@ -63,6 +63,6 @@ def _run_tokenizer(path):
 
     if not any((p / "tokenizer").is_dir() for p in (Path(path), Path(path).parent.parent)):
         return None
-    from attnkit.integrations.hf.checkpoint import run_tokenizer
+    from attnkit.integrations.hf.folders import run_tokenizer
 
     return run_tokenizer(path)

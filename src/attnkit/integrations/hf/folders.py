@@ -1,10 +1,9 @@
-"""A Hugging Face folder as an attnkit run: ``attnkit convert --hf PATH --out RUN_DIR``.
+"""Hugging Face folders: loading one safely, and the tokenizer that travels with a converted run.
 
-The run folder is what the trainer writes (``RUN_DIR/checkpoints/step_00000000/`` with ``model.safetensors``
-and a verified ``state.json`` holding the ``LMConfig``), so ``attnkit generate``, ``attnkit doctor`` and the
-report load it like a trained run. The model's own tokenizer is saved next to it (``RUN_DIR/tokenizer/``, by
-``AutoTokenizer.save_pretrained``); :func:`run_tokenizer` finds it, so text goes in and out as the model's
-tokens instead of bytes.
+``attnkit convert --hf PATH --out RUN_DIR`` (:mod:`attnkit.cli.convert`) writes the run the trainer would
+(``RUN_DIR/checkpoints/step_00000000/``), and the model's own tokenizer next to it (``RUN_DIR/tokenizer/``, by
+``AutoTokenizer.save_pretrained``, :func:`save_tokenizer`); :func:`run_tokenizer` finds it again, so
+``attnkit generate`` and the report speak the model's tokens instead of bytes.
 """
 
 from __future__ import annotations
@@ -36,24 +35,8 @@ def load_hf(path: str | Path, *, dtype: torch.dtype = torch.float32):
     return auto.from_pretrained(folder, dtype=dtype, trust_remote_code=False).eval()
 
 
-def convert_folder(path: str | Path, out: str | Path, *, dtype: torch.dtype = torch.float32) -> Path:
-    """Convert the HF folder ``path`` into the attnkit run folder ``out``; returns the checkpoint folder."""
-    import transformers
-
-    from attnkit.integrations.hf.convert import from_hf
-    from attnkit.training.checkpoint import save_checkpoint
-
-    hf = load_hf(path, dtype=dtype)
-    model = from_hf(hf)
-    source = {"path": str(Path(path).resolve()), "model_type": hf.config.model_type,
-              "transformers": transformers.__version__}
-    tokenizer = _save_tokenizer(path, Path(out) / TOKENIZER_DIR)
-    state = {"model_config": model.config.to_dict(), "converted_from": source,
-             "tokenizer": TOKENIZER_DIR if tokenizer else None}
-    return save_checkpoint(out, 0, model, None, state, keep=1)
-
-
-def _save_tokenizer(path, where: Path) -> bool:
+def save_tokenizer(path, where: Path) -> bool:
+    """Save the folder's tokenizer under ``where``; False when the folder has none."""
     from transformers import AutoTokenizer
 
     try:
