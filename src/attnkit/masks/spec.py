@@ -112,6 +112,19 @@ class MaskSpec:
         interval; None when it depends on anything else (data, absolute positions, heads)."""
         return None
 
+    def reach(self) -> tuple[int | None, int | None]:
+        """Bounds ``(lo, hi)`` on the offsets ``kv_pos - q_pos`` of every allowed entry (None = unbounded): the
+        mask never lets a query see a key more than ``-lo`` positions back or ``hi`` ahead. Unlike
+        :meth:`offsets` it need not be exact: ``causal() & padding(x)`` reaches ``(None, 0)``. Caches decide
+        from it whether they hold every key a mask can reach."""
+        exact = self.offsets()
+        return (None, None) if exact is None else exact
+
+    def conjuncts(self) -> tuple[MaskSpec, ...]:
+        """The masks whose ``&`` this mask is, flattened: ``(causal() & padding(x)).conjuncts()`` is
+        ``(causal(), padding(x))``; any mask that is not an ``&`` is its own single conjunct."""
+        return (self,)
+
 
 def _check_spec(other: object, op: str) -> MaskSpec:
     if not isinstance(other, MaskSpec):
@@ -362,19 +375,27 @@ def _check_batch(mask: MaskSpec, ctx: MaskContext) -> None:
 # ---------------------------------------------------------------- algebra and dense tensors
 
 
-class And(MaskSpec):
+class Combination(MaskSpec):
+    """An n-ary combination of masks; :class:`And` and :class:`Or` are its two (sibling) kinds."""
+
+    symbol = "?"
+
     def __init__(self, *parts: MaskSpec):
         self.parts = parts
         self.batch = max(p.batch for p in parts)
         self.heads = max(p.heads for p in parts)
 
+    @staticmethod
+    def join(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
     def bind(self, ctx):
-        fns = [p.bind(ctx) for p in self.parts]
+        fns, join = [p.bind(ctx) for p in self.parts], self.join
 
         def fn(b, h, q_idx, kv_idx):
             out = fns[0](b, h, q_idx, kv_idx)
             for f in fns[1:]:
-                out = out & f(b, h, q_idx, kv_idx)
+                out = join(out, f(b, h, q_idx, kv_idx))
             return out
 
         return fn
@@ -382,36 +403,48 @@ class And(MaskSpec):
     def natural_length(self):
         return max((n for p in self.parts if (n := p.natural_length()) is not None), default=None)
 
+    def __repr__(self):
+        return "(" + f" {self.symbol} ".join(map(repr, self.parts)) + ")"
+
+
+class And(Combination):
+    """Allowed where every part allows."""
+
+    symbol = "&"
+    join = staticmethod(torch.logical_and)
+
+    def conjuncts(self) -> tuple[MaskSpec, ...]:
+        return tuple(c for p in self.parts for c in p.conjuncts())
+
     def offsets(self) -> tuple[int | None, int | None] | None:
         """The intersection of the parts' offset intervals (None if any part has none)."""
         parts = [p.offsets() for p in self.parts]
         if any(o is None for o in parts):
             return None
-        lows = [lo for lo, _ in parts if lo is not None]
-        highs = [hi for _, hi in parts if hi is not None]
-        return (max(lows) if lows else None), (min(highs) if highs else None)
+        return _intersect(parts)
 
-    def __repr__(self):
-        return "(" + " & ".join(map(repr, self.parts)) + ")"
+    def reach(self) -> tuple[int | None, int | None]:
+        return _intersect([p.reach() for p in self.parts])
 
 
-class Or(And):
+class Or(Combination):
+    """Allowed where any part allows."""
+
+    symbol = "|"
+    join = staticmethod(torch.logical_or)
+
     def offsets(self) -> None:
         return None  # a union of intervals need not be one
 
-    def bind(self, ctx):
-        fns = [p.bind(ctx) for p in self.parts]
+    def reach(self) -> tuple[int | None, int | None]:
+        lows, highs = zip(*(p.reach() for p in self.parts))
+        return (None if None in lows else min(lows)), (None if None in highs else max(highs))
 
-        def fn(b, h, q_idx, kv_idx):
-            out = fns[0](b, h, q_idx, kv_idx)
-            for f in fns[1:]:
-                out = out | f(b, h, q_idx, kv_idx)
-            return out
 
-        return fn
-
-    def __repr__(self):
-        return "(" + " | ".join(map(repr, self.parts)) + ")"
+def _intersect(intervals) -> tuple[int | None, int | None]:
+    lows = [lo for lo, _ in intervals if lo is not None]
+    highs = [hi for _, hi in intervals if hi is not None]
+    return (max(lows) if lows else None), (min(highs) if highs else None)
 
 
 class Not(MaskSpec):
