@@ -26,13 +26,24 @@ def _num(x: float) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(float(x), 6)
 
 
+def metrics_table(data: Collected) -> list[dict]:
+    """One row per (layer, head): ``layer``, ``name``, ``head``, ``kv`` (its KV head), the metrics and the verdict."""
+    table = []
+    for l, layer in enumerate(data.layers):
+        G = layer.num_heads // layer.kv_heads
+        for h in range(layer.num_heads):
+            m = {k: _num(v[h]) for k, v in layer.metrics.items()}
+            table.append({"layer": l, "name": layer.name, "head": h, "kv": h // G, **m, "verdict": layer.verdicts[h]})
+    return table
+
+
 def payload(data: Collected, *, dense_max: int = 512, top_k: int = 32) -> tuple[dict, str]:
     """``(meta, blob)``: the JSON the page reads and the base64 data buffer."""
     L = len(data.tokens)
     buf, masks, mask_ids = Buffer(), [], {}
-    layers, table, by_head, verdicts = [], [], [], []
+    layers, verdicts = [], []
     sparse = top_k if dense_max < L else None
-    for l, layer in enumerate(data.layers):
+    for layer in data.layers:
         heads = []
         for h in range(layer.num_heads):
             w = layer.weights[h]  # (L, L)
@@ -47,15 +58,10 @@ def payload(data: Collected, *, dense_max: int = 512, top_k: int = 32) -> tuple[
                     mask_ids[key] = len(masks)
                     masks.append(encode_mask(buf, m))
                 mask.append(mask_ids[key])
-        G = layer.num_heads // layer.kv_heads
         layers.append({"name": layer.name, "H": layer.num_heads, "Hkv": layer.kv_heads, "heads": heads, "mask": mask})
-        per_head = []
-        for h in range(layer.num_heads):
-            m = {k: _num(v[h]) for k, v in layer.metrics.items()}
-            per_head.append(m)
-            table.append({"layer": l, "name": layer.name, "head": h, "kv": h // G, **m, "verdict": layer.verdicts[h]})
-        by_head.append(per_head)
         verdicts.append(layer.verdicts)
+    table = metrics_table(data)
+    by_head = [[{k: r[k] for k in layer.metrics} for r in table if r["layer"] == l] for l, layer in enumerate(data.layers)]
     meta = {"L": L, "step": STEP, "labels": data.labels, "ids": data.tokens, "layers": layers, "masks": masks,
             "columns": COLUMNS, "table": table, "metricsByHead": by_head, "verdicts": verdicts,
             "sparse_top_k": sparse}

@@ -32,11 +32,12 @@
   }
   const FORBID = [[168, 168, 168], [196, 196, 196]];
 
-  // ---- weights: one decoded (L, L) Float32Array per head, cached
-  const cache = new Map();
+  // ---- weights: one decoded (L, L) Float32Array per head; the last few are kept (16 MiB each at 2048 tokens)
+  const cache = new Map(), CACHE_HEADS = 8;
   function headData(l, h) {
     const key = l * 100000 + h;
-    if (cache.has(key)) return cache.get(key);
+    if (cache.has(key)) { const hit = cache.get(key); cache.delete(key); cache.set(key, hit); return hit; }
+    if (cache.size >= CACHE_HEADS) cache.delete(cache.keys().next().value);
     const hd = META.layers[l].heads[h], w = new Float32Array(L * L);
     let rest = null;
     if (hd.fmt === "dense") {
