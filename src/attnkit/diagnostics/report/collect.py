@@ -3,8 +3,10 @@ the mask, the KV-head grouping and the per-head metrics.
 
 Weights come from :class:`attnkit.diagnostics.capture` (any attnkit backend: fused backends are recomputed
 exactly by the reference path). A Hugging Face model whose attention does not go through ``attnkit.attention``
-is run with ``output_attentions=True`` on its eager implementation; its mask is then the model type's
-(causal for decoders, none for encoders), which the report states.
+is switched to ``attn_implementation="attnkit"`` (``attnkit.integrations.hf``) for the run, so its calls are
+captured with the masks transformers built; where that can't be done it runs with ``output_attentions=True`` on
+eager attention, and the mask is then the model type's (causal for decoders, none for encoders), as the report
+states.
 
 Shape legend: H query heads, Hkv key/value heads, L tokens (Lq = Lk = L, one sequence).
 """
@@ -87,16 +89,23 @@ def _kv_heads_of(model: nn.Module, name: str, num_heads: int) -> int:
     return value if isinstance(value, int) and num_heads % value == 0 else num_heads
 
 
-def _eager_for_weights(model: nn.Module) -> str | None:
-    """Switch a Hugging Face model whose attention is not attnkit's to eager (the only implementation that returns
-    weights); returns the implementation to restore, or None when nothing changed."""
+def _hf_switch(model: nn.Module) -> tuple[str | None, str]:
+    """Route a Hugging Face model's attention through attnkit (``attn_implementation="attnkit"``, so capture sees
+    every call with its real mask), or through eager (the one built-in implementation that returns weights) when
+    the integration can't be loaded. Returns ``(implementation to restore or None, the one used)``."""
     config = getattr(model, "config", None)
     current = getattr(config, "_attn_implementation", None)
-    if not _is_hf(model) or current in (None, "eager") or "attnkit" in str(current) \
-            or not hasattr(model, "set_attn_implementation"):
-        return None
-    model.set_attn_implementation("eager")
-    return current
+    if not _is_hf(model) or not hasattr(model, "set_attn_implementation") or "attnkit" in str(current):
+        return None, str(current)
+    try:
+        from attnkit.integrations.hf import NAME
+
+        model.set_attn_implementation(NAME)
+        return current, NAME
+    except Exception:  # noqa: BLE001 - an architecture the integration does not serve: eager returns the weights
+        if current != "eager":
+            model.set_attn_implementation("eager")
+        return current, "eager"
 
 
 def _forward(model: nn.Module, tokens: torch.Tensor):
@@ -113,16 +122,20 @@ def collect(model: nn.Module, tokens: torch.Tensor, labels: list[str], *,
     thresholds = thresholds or HealthThresholds()
     was_training = model.training
     model.eval()
-    implementation = _eager_for_weights(model)
+    restore, used = _hf_switch(model)
     try:
         with torch.no_grad(), capture(model) as cap:
             out = _forward(model, tokens)
     finally:
         model.train(was_training)
-        if implementation is not None:
-            model.set_attn_implementation(implementation)
+        if restore is not None and restore != used:
+            model.set_attn_implementation(restore)
     layers, source, note = [], "attnkit capture", "the mask each attention call received"
-    for name, records in cap.by_layer().items():
+    if _is_hf(model):
+        source = f"attnkit capture (transformers attn_implementation={used!r})"
+    for i, (name, records) in enumerate(cap.by_layer().items()):
+        if _is_hf(model) and name.startswith("call"):
+            name = f"layer {i}"  # transformers' attention modules are not attnkit's: number the calls
         record = records[-1]  # the last call of the layer (one forward: the only one)
         allowed = record.allowed
         if allowed is not None:
