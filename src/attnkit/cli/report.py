@@ -22,6 +22,7 @@ def add_parser(sub) -> None:
     p.add_argument("--text", default=DEFAULT_TEXT, help="the input to look at")
     p.add_argument("--out", type=Path, default=None,
                    help="the .html to write (default: report.html in a run folder, else attention_report.html)")
+    p.add_argument("--title", default=None, help="the page title (default: attnkit report: TARGET)")
     p.add_argument("--encoder", action="store_true", help="build the preset as a bidirectional encoder")
     p.add_argument("--no-doctor", action="store_true", help="leave the doctor's checks out (faster)")
     p.add_argument("--dense-max", type=int, default=512, help="longer inputs keep only the top-k weights per row")
@@ -52,6 +53,6 @@ def run(args) -> int:
     out = args.out or (Path(args.target) / "report.html" if metrics is not None and Path(args.target).is_dir()
                        else Path("attention_report.html"))
     path = report(model, args.text, out=out, doctor=not args.no_doctor, fresh=fresh, metrics=metrics,
-                  title=f"attnkit report: {args.target}", dense_max=args.dense_max, top_k=args.top_k)
+                  title=args.title or f"attnkit report: {args.target}", dense_max=args.dense_max, top_k=args.top_k)
     print(f"wrote {path} ({human_bytes(path.stat().st_size)}); open it in a browser: {path.resolve().as_uri()}")
     return 0
