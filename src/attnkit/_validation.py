@@ -16,7 +16,7 @@ import torch
 from attnkit._bias import StructuredBias
 from attnkit._checks import number as check_scalar
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
-from attnkit.masks import MaskSpec, default_positions
+from attnkit.masks import MaskSpec, PreparedMask, default_positions
 
 
 @dataclass(frozen=True)
@@ -24,13 +24,15 @@ class AttentionCall:
     """A validated attention request: tensors at the backend boundary plus every option.
 
     ``q_positions``/``kv_positions`` are ``(B|1, L)`` int64 or ``None`` for the default (bottom-right
-    aligned aranges); :meth:`positions` materialises them.
+    aligned aranges); :meth:`positions` materialises them. ``mask`` is always a
+    :class:`~attnkit.masks.PreparedMask` (bound to these positions) or None: backends read its dense form,
+    block cover, structure and memo instead of binding the mask themselves.
     """
 
     q: torch.Tensor  # (B, H, Lq, D)
     k: torch.Tensor  # (B, Hkv, Lk, D)
     v: torch.Tensor  # (B, Hkv, Lk, Dv)
-    mask: MaskSpec | torch.Tensor | None
+    mask: PreparedMask | None
     bias: torch.Tensor | StructuredBias | None
     scale: float
     softcap: float | None
@@ -145,11 +147,16 @@ def check_positions(positions: object, name: str, batch: int, length: int, devic
     return positions.long().reshape(-1, length)  # (B|1, L)
 
 
-def check_mask(mask: object, shape: tuple[int, int, int, int]) -> None:
+def check_mask(mask: object, shape: tuple[int, int, int, int], device: torch.device | None = None) -> None:
     if mask is None or isinstance(mask, MaskSpec):
         return
+    if isinstance(mask, PreparedMask):
+        B, _, Lq, Lk = shape
+        mask.check_call(B, Lq, Lk, device if device is not None else mask.device)
+        return
     if not isinstance(mask, torch.Tensor):
-        raise AttnkitTypeError(f"mask must be an attnkit mask (ak.masks.*), a bool tensor or None, got {describe(mask)}.")
+        raise AttnkitTypeError(f"mask must be an attnkit mask (ak.masks.*), a prepared mask (ak.masks.prepare), a bool "
+                               f"tensor or None, got {describe(mask)}.")
     if mask.dtype != torch.bool:
         raise AttnkitTypeError(
             f"mask must be boolean (True = may attend), got {describe(mask)}; pass additive float masks as bias= "
@@ -190,7 +197,7 @@ def build_call(q, k, v, mask=None, *, bias=None, scale=None, softcap=None, dropo
     check_tensors(q, k, v)
     B, H, Lq, D = q.shape
     shape = (B, H, Lq, k.shape[2])
-    check_mask(mask, shape)
+    check_mask(mask, shape, q.device)
     check_bias(bias, shape, H)
     scale = 1.0 / math.sqrt(D) if scale is None else check_scalar(
         scale, "scale", low=0.0, high=math.inf, low_open=True, fix="omit it for the default 1/sqrt(head_dim).")
@@ -198,9 +205,12 @@ def build_call(q, k, v, mask=None, *, bias=None, scale=None, softcap=None, dropo
         softcap = check_scalar(softcap, "softcap", low=0.0, high=math.inf, low_open=True,
                                fix="use a positive cap such as 50.0 (Gemma 2), or None for no softcap.")
     dropout_p = check_scalar(dropout_p, "dropout_p", low=0.0, high=1.0, fix="use 0 <= dropout_p < 1 (0 at eval).")
-    return AttentionCall(
-        q, k, v, mask, bias, scale, softcap, dropout_p,
-        check_positions(q_positions, "q_positions", B, Lq, q.device),
-        check_positions(kv_positions, "kv_positions", B, k.shape[2], q.device),
-        bool(return_weights),
-    )
+    q_positions = check_positions(q_positions, "q_positions", B, Lq, q.device)
+    kv_positions = check_positions(kv_positions, "kv_positions", B, k.shape[2], q.device)
+    if isinstance(mask, PreparedMask):  # its positions are the call's (given ones must equal them)
+        q_positions = mask.same_positions("q_positions", q_positions)
+        kv_positions = mask.same_positions("kv_positions", kv_positions)
+    elif mask is not None:
+        mask = PreparedMask.for_call(mask, q_positions, kv_positions, B, Lq, k.shape[2], q.device)
+    return AttentionCall(q, k, v, mask, bias, scale, softcap, dropout_p, q_positions, kv_positions,
+                         bool(return_weights))

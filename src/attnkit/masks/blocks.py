@@ -8,8 +8,8 @@ tensors ``(nQ, nK)``:
 - ``full[i, j]`` is True only if every entry of the tile is allowed: no mask is needed there.
 
 Both are derived from the mask itself, from per-tile ranges of positions, indices and mask data, in
-O(nQ x nK): causal and sliding windows from position ranges, documents from id ranges, strided masks from
-residues, global tokens and padding from their data. ``&`` intersects, ``|`` unites, ``~`` swaps the two.
+O(nQ x nK): causal, sliding and two-sided windows from position ranges, chunks and documents from id ranges,
+strided masks from residues, global tokens and padding from their data. ``&`` intersects, ``|`` unites, ``~`` swaps the two.
 Dense and custom masks (and unknown subclasses) are probed: evaluated on the whole grid, O(Lq x Lk).
 
 The grid may list queries and keys in any order (``q_index``/``kv_index``, e.g. grouped by residue for a
@@ -28,6 +28,7 @@ import torch
 
 from attnkit.masks.spec import (
     Causal,
+    Chunked,
     Combination,
     Document,
     GlobalTokens,
@@ -37,6 +38,7 @@ from attnkit.masks.spec import (
     Padding,
     SlidingWindow,
     Strided,
+    TwoSidedWindow,
 )
 
 
@@ -123,6 +125,22 @@ def _(mask: SlidingWindow, grid: BlockGrid) -> BlockCover:
     d_lo, d_hi = _outer(q_lo, kv_hi, torch.sub), _outer(q_hi, kv_lo, torch.sub)  # range of p - j per tile
     w = mask.window
     return BlockCover((d_hi >= 0) & (d_lo < w), (d_lo >= 0) & (d_hi < w))
+
+
+@cover.register
+def _(mask: TwoSidedWindow, grid: BlockGrid) -> BlockCover:
+    (q_lo, q_hi), (kv_lo, kv_hi) = grid.q_pos, grid.kv_pos
+    d_lo, d_hi = _outer(kv_lo, q_hi, torch.sub).T, _outer(kv_hi, q_lo, torch.sub).T  # range of j - p per tile
+    lo, hi = -mask.left, mask.right
+    return BlockCover((d_hi >= lo) & (d_lo <= hi), (d_lo >= lo) & (d_hi <= hi))
+
+
+@cover.register
+def _(mask: Chunked, grid: BlockGrid) -> BlockCover:
+    causal = cover(Causal(), grid)
+    q_chunk = grid.q_tiles(torch.div(grid.ctx.q_positions[grid.rows], mask.chunk, rounding_mode="floor"))
+    kv_chunk = grid.kv_tiles(torch.div(grid.ctx.kv_positions[grid.rows], mask.chunk, rounding_mode="floor"))
+    return BlockCover(causal.any & _overlap(*q_chunk, *kv_chunk), causal.full & _single_equal(*q_chunk, *kv_chunk))
 
 
 @cover.register
