@@ -9,8 +9,9 @@ tensors ``(nQ, nK)``:
 
 Both are derived from the mask itself, from per-tile ranges of positions, indices and mask data, in
 O(nQ x nK): causal, sliding and two-sided windows from position ranges, chunks and documents from id ranges,
-strided masks from residues, global tokens and padding from their data. ``&`` intersects, ``|`` unites, ``~`` swaps the two.
-Dense and custom masks (and unknown subclasses) are probed: evaluated on the whole grid, O(Lq x Lk).
+strided masks from residues, global tokens and padding from their data; a dense tensor is reduced per tile.
+``&`` intersects, ``|`` unites, ``~`` swaps the two. Only custom masks (an opaque function) and unknown
+subclasses are probed: evaluated on the whole grid, O(Lq x Lk). A new mask kind registers its cover here.
 
 The grid may list queries and keys in any order (``q_index``/``kv_index``, e.g. grouped by residue for a
 strided mask); tiles are cut along that order.
@@ -30,6 +31,7 @@ from attnkit.masks.spec import (
     Causal,
     Chunked,
     Combination,
+    Dense,
     Document,
     GlobalTokens,
     MaskContext,
@@ -223,8 +225,21 @@ def evaluate_on(mask: MaskSpec, ctx: MaskContext, rows: torch.Tensor, q_idx: tor
 
 
 def probe(mask: MaskSpec, grid: BlockGrid) -> BlockCover:
-    """Cover by evaluating the mask on every entry (O(Lq x Lk)): for dense, custom and unknown masks."""
-    allowed = evaluate_on(mask, grid.ctx, grid.rows, grid.q_index, grid.kv_index)  # (R|1, H|1, Lq|1, Lk|1)
+    """Cover by evaluating the mask on every entry (O(Lq x Lk)): only for custom and unknown masks."""
+    return _tiles(evaluate_on(mask, grid.ctx, grid.rows, grid.q_index, grid.kv_index), grid)
+
+
+@cover.register
+def _(mask: Dense, grid: BlockGrid) -> BlockCover:
+    """A dense tensor is its own data: its tiles are reduced directly (no bound function per entry)."""
+    t = mask.tensor.to(grid.ctx.device)  # (B|1, H|1, Lq|1, Lk|1)
+    t = t[grid.rows] if t.shape[0] > 1 else t
+    t = t.expand(-1, -1, grid.ctx.q_len, grid.ctx.kv_len)[:, :, grid.q_index][:, :, :, grid.kv_index]  # tile order
+    return _tiles(t, grid)
+
+
+def _tiles(allowed: torch.Tensor, grid: BlockGrid) -> BlockCover:
+    """Any/all per tile of ``allowed (R|1, H|1, Lq|1, Lk|1)`` (grid order) over rows and heads."""
     Lq, Lk = grid.q_index.numel(), grid.kv_index.numel()
     allowed = allowed.expand(*allowed.shape[:2], Lq, Lk).to(torch.int8)
     pad_q, pad_k = grid.n_q * grid.q_block - Lq, grid.n_kv * grid.kv_block - Lk

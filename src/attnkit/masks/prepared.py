@@ -136,6 +136,7 @@ class PreparedMask:
         """The :class:`~attnkit.masks.blocks.BlockCover` ``(nQ, nK)`` of tiles of ``block`` queries by
         ``kv_block`` (default ``block``) keys over every batch row, in index order."""
         kv_block = kv_block or block
+        self.fn  # noqa: B018 -- binding checks the mask's data against the call (lengths, batch)
         return self.memo(("cover", block, kv_block), lambda: cover(self.spec, self.grid(block, kv_block)))
 
     def grid(self, block: int, kv_block: int | None = None, rows: torch.Tensor | None = None,
