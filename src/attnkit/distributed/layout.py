@@ -137,12 +137,9 @@ def by_documents(doc_ids: torch.Tensor, world: int) -> ShardLayout:
 
 
 def _find(mask: MaskSpec | None, kind: type) -> MaskSpec | None:
-    if isinstance(mask, kind):
-        return mask
-    for part in getattr(mask, "parts", ()):  # an intersection carries its parts' structure
-        if type(mask).__name__ == "And" and (found := _find(part, kind)) is not None:
-            return found
-    return None
+    """The first conjunct of ``mask`` of ``kind`` (an intersection carries its parts' structure)."""
+    conjuncts = mask.conjuncts() if isinstance(mask, MaskSpec) else ()
+    return next((p for p in conjuncts if isinstance(p, kind)), None)
 
 
 def layout_for(mask: MaskSpec | None, seq_len: int, world: int) -> ShardLayout:
