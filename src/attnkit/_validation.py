@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cached_property
 
 import torch
 
@@ -24,15 +23,16 @@ class AttentionCall:
     """A validated attention request: tensors at the backend boundary plus every option.
 
     ``q_positions``/``kv_positions`` are ``(B|1, L)`` int64 or ``None`` for the default (bottom-right
-    aligned aranges); :meth:`positions` materialises them. ``mask`` is always a
-    :class:`~attnkit.masks.PreparedMask` (bound to these positions) or None: backends read its dense form,
-    block cover, structure and memo instead of binding the mask themselves.
+    aligned aranges); :meth:`positions` materialises them. ``mask`` is what the caller passed (a prepared
+    mask's source); ``prepared`` is the same mask as a :class:`~attnkit.masks.PreparedMask` bound to these
+    positions (None without a mask): backends read its dense form, block cover, structure and memo instead of
+    binding the mask themselves.
     """
 
     q: torch.Tensor  # (B, H, Lq, D)
     k: torch.Tensor  # (B, Hkv, Lk, D)
     v: torch.Tensor  # (B, Hkv, Lk, Dv)
-    mask: PreparedMask | None
+    mask: MaskSpec | torch.Tensor | None
     bias: torch.Tensor | StructuredBias | None
     scale: float
     softcap: float | None
@@ -40,6 +40,10 @@ class AttentionCall:
     q_positions: torch.Tensor | None
     kv_positions: torch.Tensor | None
     return_weights: bool
+    prepared: PreparedMask | None = None
+    #: a float bias tensor, or a structured bias built from tensors (parameters, buffers, anything) that
+    #: autograd must reach (asked once per call by scoring one entry, :func:`bias_needs_grad`)
+    bias_needs_grad: bool = False
 
     @property
     def batch(self) -> int:
@@ -70,22 +74,22 @@ class AttentionCall:
         return torch.is_grad_enabled() and (any(t.requires_grad for t in (self.q, self.k, self.v))
                                             or self.bias_needs_grad)
 
-    @cached_property  # asked by the router and the backends: the bias is scored once per call
-    def bias_needs_grad(self) -> bool:
-        """A float bias tensor, or a structured bias built from tensors (parameters, buffers, anything) that
-        autograd must reach: the bias is asked, by scoring one entry."""
-        if not torch.is_grad_enabled() or self.bias is None:
-            return False
-        if isinstance(self.bias, torch.Tensor):
-            return self.bias.requires_grad
-        zero = torch.zeros((), dtype=torch.long, device=self.q.device)
-        return bool(self.bias.score(zero, zero, zero).requires_grad)
-
     def positions(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Query and key positions ``(B|1, Lq)``, ``(B|1, Lk)`` int64 on q's device."""
         dq, dkv = default_positions(self.q_len, self.kv_len, self.q.device)
         return (dq if self.q_positions is None else self.q_positions,
                 dkv if self.kv_positions is None else self.kv_positions)
+
+
+def bias_needs_grad(bias: torch.Tensor | StructuredBias | None, device: torch.device) -> bool:
+    """Whether autograd must reach the bias: a float tensor that requires grad, or a structured bias whose
+    score of one entry does (a trainable parameter, anything)."""
+    if not torch.is_grad_enabled() or bias is None:
+        return False
+    if isinstance(bias, torch.Tensor):
+        return bias.requires_grad
+    zero = torch.zeros((), dtype=torch.long, device=device)
+    return bool(bias.score(zero, zero, zero).requires_grad)
 
 
 def check_tensors(q: object, k: object, v: object) -> None:
@@ -207,10 +211,12 @@ def build_call(q, k, v, mask=None, *, bias=None, scale=None, softcap=None, dropo
     dropout_p = check_scalar(dropout_p, "dropout_p", low=0.0, high=1.0, fix="use 0 <= dropout_p < 1 (0 at eval).")
     q_positions = check_positions(q_positions, "q_positions", B, Lq, q.device)
     kv_positions = check_positions(kv_positions, "kv_positions", B, k.shape[2], q.device)
+    prepared = mask
     if isinstance(mask, PreparedMask):  # its positions are the call's (given ones must equal them)
         q_positions = mask.same_positions("q_positions", q_positions)
         kv_positions = mask.same_positions("kv_positions", kv_positions)
+        mask = mask.source
     elif mask is not None:
-        mask = PreparedMask.for_call(mask, q_positions, kv_positions, B, Lq, k.shape[2], q.device)
+        prepared = PreparedMask.for_call(mask, q_positions, kv_positions, B, Lq, k.shape[2], q.device)
     return AttentionCall(q, k, v, mask, bias, scale, softcap, dropout_p, q_positions, kv_positions,
-                         bool(return_weights))
+                         bool(return_weights), prepared, bias_needs_grad(bias, q.device))

@@ -64,7 +64,7 @@ def skippable_structure(call: AttentionCall) -> str | None:
         return f"structured bias {type(call.bias).__name__}"
     if isinstance(call.bias, torch.Tensor):
         return None  # a dense bias is already Lq x Lk
-    prepared = call.mask
+    prepared = call.prepared
     if prepared is None or prepared.is_tensor or prepared.sdpa_flag(call.q_len, call.kv_len) is not None:
         return None
     return f"mask {prepared.spec!r}"

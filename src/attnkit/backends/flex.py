@@ -88,6 +88,8 @@ class FlexBackend:
         where = " (CPU inference, compiling allowed)" if call.q.device.type == "cpu" else ""
         if structure is not None and is_long(call, MIN_KEYS, MIN_QUERIES):
             return Rank(40, f"{structure} on {call.kv_len} keys: flex skips empty blocks{where}")
+        if call.softcap is not None:
+            return Rank(25, f"softcap: flex applies it inside one fused kernel{where}")
         return Rank(1, "compiled flex kernel; nothing here for it to skip, or too short to pay off" + where)
 
     def plan(self, call: AttentionCall) -> str:
@@ -106,12 +108,12 @@ class FlexBackend:
 
 def mask_mod_for(call: AttentionCall):
     """flex ``mask_mod(b, h, q_idx, kv_idx)``: the prepared mask's bound function (None when there is no mask)."""
-    return None if call.mask is None else call.mask.fn
+    return None if call.prepared is None else call.prepared.fn
 
 
 def block_mask_for(call: AttentionCall):
     """The flex BlockMask of the call, built once per prepared mask (and per batch/head broadcast)."""
-    prepared = call.mask
+    prepared = call.prepared
     if prepared is None:
         return None
     batch = call.batch if (prepared.spec.batch > 1 or not prepared.default_positions) else None

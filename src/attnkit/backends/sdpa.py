@@ -36,9 +36,9 @@ class SDPABackend:
 
     def _mode(self, call: AttentionCall) -> str:
         """'none', 'causal' (is_causal flag), or 'dense' (materialised mask)."""
-        if call.mask is None:
+        if call.prepared is None:
             return "none"
-        flag = call.mask.sdpa_flag(call.q_len, call.kv_len)  # "none": a causal decode step sees every key
+        flag = call.prepared.sdpa_flag(call.q_len, call.kv_len)  # "none": a causal decode step sees every key
         if flag == "none" or (flag == "causal" and call.bias is None):
             return flag  # (with a bias the mask joins it: SDPA refuses is_causal plus a mask needing grad)
         return "dense"
@@ -56,7 +56,7 @@ class SDPABackend:
             "causal": "is_causal=True: fused kernel skips blocks above the diagonal",
             "dense": "dense mask tensor (Lq x Lk): fused kernel, but no block is skipped",
         }[mode]
-        if mode == "dense" and isinstance(call.mask.spec, Causal):
+        if mode == "dense" and isinstance(call.prepared.spec, Causal):
             parts += " (causal with explicit positions or Lq != Lk can't use SDPA's top-left is_causal)"
         if call.bias is not None:
             parts += "; bias materialised as a (B, H, Lq, Lk) float tensor"
@@ -68,7 +68,7 @@ class SDPABackend:
         mode = self._mode(call)
         attn_mask, is_causal, empty_rows = None, mode == "causal", None
         if mode == "dense":
-            attn_mask, empty_rows = call.mask.dense_opened()  # built once per prepared mask
+            attn_mask, empty_rows = call.prepared.dense_opened()  # built once per prepared mask
         if call.bias is not None:
             bias = call.bias.materialize(*call.positions()) if isinstance(call.bias, StructuredBias) else call.bias
             bias = bias.to(call.q.dtype)

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import cached_property
 from typing import Any
 
 import torch
@@ -104,10 +103,10 @@ class PreparedMask:
         return prepared
 
     # ------------------------------------------------------------------ bound forms
-    @cached_property
+    @property
     def fn(self) -> BoundMask:
         """The bound elementwise function ``fn(b, h, q_idx, kv_idx) -> bool`` (broadcasting int64 indices)."""
-        return self.spec.bind(self.ctx)
+        return self.memo("fn", lambda: self.spec.bind(self.ctx))
 
     def dense(self) -> torch.Tensor:
         """The dense bool mask, broadcastable to ``(B, H, Lq, Lk)`` (a tensor mask is returned as given, 4-D)."""
@@ -155,8 +154,12 @@ class PreparedMask:
         return self._memo[key]
 
     # ------------------------------------------------------------------ structure
-    @cached_property
+    @property
     def structure(self) -> MaskStructure:
+        """The :class:`MaskStructure` (computed on first use)."""
+        return self.memo("structure", self._structure)
+
+    def _structure(self) -> MaskStructure:
         parts = self.spec.conjuncts()
         docs = next((p for p in parts if isinstance(p, Document)), None)
         pads = next((p for p in parts if isinstance(p, Padding) and p.lengths is not None), None)
