@@ -57,6 +57,9 @@ class MaskSpec:
     batch: int = 1
     #: number of heads the mask distinguishes (only dense per-head masks have more than 1)
     heads: int = 1
+    #: True when the mask reads token positions (causal, windows, strides, global tokens, custom), not only
+    #: indices and data: default positions must then be well defined (Lq <= Lk)
+    positional: bool = False
 
     def bind(self, ctx: MaskContext) -> BoundMask:
         """Return the elementwise function ``fn(b, h, q_idx, kv_idx) -> bool`` for this call."""
@@ -151,6 +154,8 @@ def _lookup(ctx: MaskContext):
 class Causal(MaskSpec):
     """Query at position p sees keys at positions <= p."""
 
+    positional = True
+
     def bind(self, ctx: MaskContext) -> BoundMask:
         positions = _lookup(ctx)
 
@@ -169,6 +174,8 @@ class Causal(MaskSpec):
 
 class SlidingWindow(MaskSpec):
     """Causal window of W keys including the query itself: p - W < j <= p."""
+
+    positional = True
 
     def __init__(self, window: int):
         self.window = positive_int(window, "window", "use window >= 1 (window=1 lets a token see only itself).")
@@ -191,6 +198,8 @@ class SlidingWindow(MaskSpec):
 
 class TwoSidedWindow(MaskSpec):
     """flash-attn's ``window_size=(left, right)``: a query at p sees keys p - left <= j <= p + right (encoders)."""
+
+    positional = True
 
     def __init__(self, left: int, right: int):
         fix = "use ints >= 0 (sliding_window(left, right) sees left keys back and right keys ahead)."
@@ -218,6 +227,8 @@ class Chunked(MaskSpec):
     """Chunked local attention (Llama 4's local layers): a query at p sees keys j of its own chunk of C
     positions, causally: ``j // C == p // C`` and ``j <= p``."""
 
+    positional = True
+
     def __init__(self, chunk: int):
         self.chunk = positive_int(chunk, "chunk", "use chunk >= 1 (the number of positions per chunk, e.g. 8192).")
 
@@ -242,6 +253,8 @@ class Strided(MaskSpec):
     """Sparse Transformer's strided pattern: keys whose distance is a multiple of ``stride`` (not causal by
     itself: combine with ``causal()``)."""
 
+    positional = True
+
     def __init__(self, stride: int):
         self.stride = positive_int(stride, "stride", "use stride >= 1.")
 
@@ -265,8 +278,14 @@ class GlobalTokens(MaskSpec):
     for decoders.
     """
 
+    positional = True
+
     def __init__(self, positions: Sequence[int] | torch.Tensor):
-        values = torch.as_tensor(positions, dtype=torch.long).flatten()
+        values = torch.as_tensor(positions).flatten()
+        if values.numel() and (values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool):
+            raise AttnkitTypeError(
+                f"global_tokens positions must be ints, got {describe(positions)}; pass integer token positions, "
+                "e.g. global_tokens([0]) (a float such as 1.5 is not a position).")
         if values.numel() == 0 or bool((values < 0).any()):
             raise AttnkitValueError(
                 f"global_tokens positions must be a non-empty list of non-negative ints, got {describe(positions)}; "
@@ -275,17 +294,13 @@ class GlobalTokens(MaskSpec):
         self.positions = sorted(set(values.tolist()))
 
     def bind(self, ctx: MaskContext) -> BoundMask:
-        table = torch.zeros(self.positions[-1] + 1, dtype=torch.bool, device=ctx.device)
-        table[torch.tensor(self.positions, device=ctx.device)] = True  # table[p] = p is global
-        top = table.shape[0] - 1
-        positions = _lookup(ctx)
-
-        def is_global(pos):
-            return table[pos.clamp(0, top)] & (pos <= top) & (pos >= 0)
+        # one flag per token of the call (memory grows with Lq + Lk, not with the largest global position)
+        table = torch.tensor(self.positions, device=ctx.device)  # (n,) the global positions
+        q_global = torch.isin(ctx.q_positions, table)  # (B, Lq)
+        kv_global = torch.isin(ctx.kv_positions, table)  # (B, Lk)
 
         def fn(b, h, q_idx, kv_idx):
-            q_pos, kv_pos = positions(b, q_idx, kv_idx)
-            return is_global(q_pos) | is_global(kv_pos)
+            return q_global[b, q_idx] | kv_global[b, kv_idx]
 
         return fn
 
@@ -295,6 +310,8 @@ class GlobalTokens(MaskSpec):
 
 class Custom(MaskSpec):
     """A user mask ``fn(b, h, q_pos, kv_pos) -> bool`` on absolute positions (elementwise, broadcasting)."""
+
+    positional = True
 
     def __init__(self, fn: Callable[..., torch.Tensor], name: str | None = None):
         if not callable(fn):
@@ -433,6 +450,7 @@ class Combination(MaskSpec):
         self.parts = parts
         self.batch = max(p.batch for p in parts)
         self.heads = max(p.heads for p in parts)
+        self.positional = any(p.positional for p in parts)
 
     @staticmethod
     def join(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -498,7 +516,7 @@ def _intersect(intervals) -> tuple[int | None, int | None]:
 
 class Not(MaskSpec):
     def __init__(self, inner: MaskSpec):
-        self.inner, self.batch, self.heads = inner, inner.batch, inner.heads
+        self.inner, self.batch, self.heads, self.positional = inner, inner.batch, inner.heads, inner.positional
 
     def bind(self, ctx):
         inner = self.inner.bind(ctx)
