@@ -90,7 +90,7 @@ def bias_needs_grad(bias: torch.Tensor | StructuredBias | None, device: torch.de
     if isinstance(bias, torch.Tensor):
         return bias.requires_grad
     zero = torch.zeros((), dtype=torch.long, device=device)
-    return bool(bias.score(zero, zero, zero).requires_grad)
+    return bool(bias.score(zero, zero, zero, b=zero).requires_grad)
 
 
 def check_tensors(q: object, k: object, v: object) -> None:
@@ -184,6 +184,9 @@ def check_bias(bias: object, shape: tuple[int, int, int, int], num_heads: int) -
         if bias.num_heads != num_heads:
             raise AttnkitValueError(f"bias {type(bias).__name__} was built for {bias.num_heads} heads but q has "
                                     f"{num_heads}; build it with num_heads={num_heads}.")
+        if getattr(bias, "batch", 1) not in (1, shape[0]):
+            raise AttnkitValueError(f"bias {type(bias).__name__} has per-row terms for batch {bias.batch} but q has "
+                                    f"batch {shape[0]}; give it one row of slopes per batch row (or one for all).")
         return
     if not isinstance(bias, torch.Tensor) or not bias.dtype.is_floating_point:
         raise AttnkitTypeError(f"bias must be a float tensor broadcastable to (B, H, Lq, Lk) or a structured bias "

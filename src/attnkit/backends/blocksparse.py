@@ -226,7 +226,7 @@ def _piece_terms(call, piece, rows, heads, mask, ctx, q_map, kv_map) -> torch.Te
         h = torch.arange(call.num_heads, device=rows.device)[heads].view(1, -1, 1, 1)  # (1, h, 1, 1)
         q_pos = ctx.q_positions[rows][:, q_idx][:, None, :, None]  # (r, 1, lq, 1)
         kv_pos = ctx.kv_positions[rows][:, kv_idx][:, None, None, :]  # (r, 1, 1, lk)
-        bias = call.bias.score(h, q_pos, kv_pos)  # (r, h, lq, lk)
+        bias = call.bias.score(h, q_pos, kv_pos, b=rows.view(-1, 1, 1, 1))  # (r, h, lq, lk)
     else:
         full = call.bias if call.bias.dim() == 4 else call.bias.reshape(
             (1,) * (4 - call.bias.dim()) + tuple(call.bias.shape))  # (B|1, H|1, Lq|1, Lk|1)

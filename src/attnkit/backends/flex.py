@@ -135,7 +135,7 @@ def score_mod_for(call: AttentionCall):
         if isinstance(bias, StructuredBias):
             qb = b if q_pos.shape[0] > 1 else torch.zeros_like(b)
             kb = b if kv_pos.shape[0] > 1 else torch.zeros_like(b)
-            score = score + bias.score(h, q_pos[qb, q_idx], kv_pos[kb, kv_idx]).to(score.dtype)
+            score = score + bias.score(h, q_pos[qb, q_idx], kv_pos[kb, kv_idx], b=b).to(score.dtype)
         return score
 
     return score_mod
