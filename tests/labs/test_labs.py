@@ -14,13 +14,6 @@ VERDICTS = {HOLDS, FAILS, MIXED, "not measured"}
 EXPECTED = {"scale", "mask", "positions", "long-range", "heads", "efficient", "pitfalls"}
 
 
-@pytest.fixture(scope="module")
-def quick_runs(tmp_path_factory):
-    out = tmp_path_factory.mktemp("labs")
-    assert main(["lab", "all", "--quick", "--out", str(out)]) == 0
-    return out
-
-
 def _numbers(value):
     if isinstance(value, dict):
         for v in value.values():
@@ -36,28 +29,32 @@ def test_registry_has_every_lab():
     assert set(LABS) >= EXPECTED
 
 
-@pytest.mark.parametrize("name", sorted(EXPECTED))
-def test_quick_run_writes_sane_outputs(quick_runs, name):
-    folder = quick_runs / name
+def test_every_lab_runs_quick_and_writes_sane_outputs(tmp_path):
+    """One test (not one per lab) so that parallel workers don't each run every lab."""
+    assert main(["lab", "all", "--quick", "--out", str(tmp_path)]) == 0
+    for name in sorted(EXPECTED):
+        check_outputs(tmp_path / name, name)
+
+
+def check_outputs(folder, name):
     payload = json.loads((folder / "results.json").read_text())
     assert payload["lab"] == name and payload["size"] == "quick"
     assert len(payload["verdicts"]) == len(get_lab(name).claims) >= 3
     for v in payload["verdicts"]:
-        assert v["verdict"] in VERDICTS, v
-        assert v["measured"] and v["band"] and v["claim"]
-        assert v["verdict"] != "not measured" or v["measured"].startswith("not measured") or not v["parts"], v
+        assert v["verdict"] in VERDICTS, (name, v)
+        assert v["measured"] and v["band"] and v["claim"], (name, v)
     # quick runs must actually measure: at most one claim may lack its measurement
-    assert sum(v["verdict"] == "not measured" for v in payload["verdicts"]) <= 1, payload["verdicts"]
+    assert sum(v["verdict"] == "not measured" for v in payload["verdicts"]) <= 1, (name, payload["verdicts"])
     numbers = list(_numbers(payload["measurements"]))
-    assert numbers and sum(math.isfinite(x) for x in numbers) >= 0.5 * len(numbers)
+    assert numbers and sum(math.isfinite(x) for x in numbers) >= 0.5 * len(numbers), name
     summary = (folder / "summary.md").read_text()
-    assert "| claim | pass band" in summary
+    assert "| claim | pass band" in summary, name
     for v in payload["verdicts"]:
-        assert f"**{v['verdict']}**" in summary
-    assert payload["figures"]
+        assert f"**{v['verdict']}**" in summary, (name, v)
+    assert payload["figures"], name
     for fig in payload["figures"]:
         png = (folder / fig).read_bytes()
-        assert png[:8] == b"\x89PNG\r\n\x1a\n" and 2_000 < len(png) < 300_000
+        assert png[:8] == b"\x89PNG\r\n\x1a\n" and 2_000 < len(png) < 300_000, (name, fig, len(png))
 
 
 def test_verdict_follows_the_parts():
