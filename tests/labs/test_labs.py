@@ -4,10 +4,12 @@ import json
 import math
 
 import pytest
+import torch
 
 from attnkit.cli.main import main
 from attnkit.errors import AttnkitValueError
 from attnkit.labs import LABS, get_lab, lab
+from attnkit.labs.harness import IGNORE, copy_batch, recall_batch
 from attnkit.labs.report import FAILS, HOLDS, MIXED, Claim
 
 VERDICTS = {HOLDS, FAILS, MIXED, "not measured"}
@@ -85,3 +87,23 @@ def test_list(capsys):
     assert main(["lab", "list"]) == 0
     out = capsys.readouterr().out
     assert all(name in out for name in EXPECTED)
+
+
+def test_recall_task_answers_sit_gap_back_after_their_key():
+    g = torch.Generator().manual_seed(0)
+    tokens, targets, gaps = recall_batch(g, 16, 64, 256, 4)
+    for b in range(16):
+        queries = (targets[b] != IGNORE).nonzero().flatten().tolist()
+        assert len(queries) == 4 and all(q >= 32 for q in queries)
+        for q in queries:
+            value_pos = q - int(gaps[b, q])
+            assert tokens[b, value_pos] == targets[b, q] >= 128  # values from the upper half
+            assert tokens[b, value_pos - 1] == tokens[b, q] < 128  # the key before it is the query
+            assert (tokens[b, :32] == tokens[b, q]).sum() == 1  # each key appears once among the pairs
+
+
+def test_copy_task_targets_are_the_first_half():
+    g = torch.Generator().manual_seed(0)
+    tokens, targets = copy_batch(g, 4, 5, 50, length=13)
+    assert torch.equal(targets[:, 5:10], tokens[:, :5]) and torch.equal(tokens[:, 6:11], tokens[:, :5])
+    assert (targets[:, :5] == IGNORE).all() and (targets[:, 10:] == IGNORE).all()
