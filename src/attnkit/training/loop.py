@@ -148,6 +148,7 @@ class Trainer:
 
     def __init__(self, config: TrainConfig, *, resume: str | Path | None = None, log=print):
         self.ctx = dist.init(config.device)
+        self.hooks: list = []  # hook(trainer, record) after each step (main process), see train()
         self.log = log if self.ctx.is_main else (lambda *a, **k: None)
         self.resume_state, resume_ckpt = None, None
         if resume is not None:
@@ -286,6 +287,8 @@ class Trainer:
                 val_loss = evaluate(self.model, eval_batches, self.precision, self.device)
                 record.update(val_loss=val_loss, val_ppl=math.exp(min(val_loss, 50.0)))
             if metrics is not None:
+                for hook in self.hooks:
+                    hook(self, record)
                 metrics.write(record)
             if bar is not None:
                 bar.update(1)
@@ -328,9 +331,13 @@ class Trainer:
         dist.barrier(self.ctx)
 
 
-def train(config: TrainConfig, *, resume: str | Path | None = None, log=print) -> TrainResult:
-    """Train (or resume) a run; see :class:`TrainConfig`."""
-    return Trainer(config, resume=resume, log=log).run()
+def train(config: TrainConfig, *, resume: str | Path | None = None, log=print, hooks=()) -> TrainResult:
+    """Train (or resume) a run; see :class:`TrainConfig`. ``hooks``: callables ``hook(trainer, record)`` run on
+    the main process after every step, before ``record`` (a dict with ``step``) is written to metrics.jsonl
+    (e.g. ``attnkit.diagnostics.monitor.monitor_hook``, which adds the attention verdicts)."""
+    trainer = Trainer(config, resume=resume, log=log)
+    trainer.hooks = list(hooks)
+    return trainer.run()
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> TransformerLM:
