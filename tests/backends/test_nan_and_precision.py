@@ -175,8 +175,8 @@ def test_tiled_kernel_ignores_a_constant_offset_in_the_bias(offset, mask):
 class _OffsetALiBi(ak.positions.ALiBi):
     """ALiBi plus a large constant (softmax ignores it): a relative bias served from the offset table."""
 
-    def score(self, h, q_pos, kv_pos):
-        return super().score(h, q_pos, kv_pos) + 1e4
+    def score(self, h, q_pos, kv_pos, b=None):
+        return super().score(h, q_pos, kv_pos, b=b) + 1e4
 
     def reach(self, margin):
         return None  # not 0 at offset 0: no pruning
