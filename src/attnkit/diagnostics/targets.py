@@ -60,6 +60,10 @@ def load_target(target: str, *, encoder: bool = False):
     path = Path(target)
     if path.is_file() and path.name == "config.json":
         path = path.parent
+    if path.is_dir() and ((path / "state.json").is_file() or (path / "checkpoints").is_dir()):
+        from attnkit.training.loop import load_model
+
+        return load_model(path).eval(), False  # before the HF case: a run folder has a config.json of its own
     if (path / "config.json").is_file():
         from attnkit.diagnostics.subjects import HF_ENCODER_TYPES
 
@@ -69,10 +73,6 @@ def load_target(target: str, *, encoder: bool = False):
         if any(path.glob("*.safetensors")) or any(path.glob("*.bin")):
             return auto.from_pretrained(path).eval(), None
         return auto.from_config(config).eval(), True
-    if path.is_dir() and ((path / "state.json").is_file() or (path / "checkpoints").is_dir()):
-        from attnkit.training.loop import load_model
-
-        return load_model(path).eval(), False
     raise AttnkitValueError(
         f"doctor target {target!r} is not a preset ({sorted(PRESETS)}), a small Hugging Face config "
         f"({sorted(HF_TINY)}), an attnkit run/checkpoint folder, or a Hugging Face folder with config.json; "
