@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 
 from attnkit._validation import AttentionCall
+from attnkit.backends.base import Rank
 from attnkit.backends.registry import register
 from attnkit.distributed.attention import context_parallel_attention
 from attnkit.distributed.layout import ShardLayout
@@ -89,6 +90,9 @@ class ContextParallelBackend:
             why.append("a dense mask tensor built from one shard cannot cover the whole row; pass mask specs "
                        "(rules on positions) and the row's data masks to sharded(mask=...)")
         return why
+
+    def rank(self, call: AttentionCall) -> Rank:
+        return Rank(-100, "context parallel is used by name: sharded(...) sets it on the model's layers")
 
     def plan(self, call: AttentionCall) -> str:
         return f"context parallel over {_SCOPES[-1].layout.world} ranks ({_SCOPES[-1].layout.kind} layout)"
