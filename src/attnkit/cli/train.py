@@ -50,6 +50,8 @@ def add_parser(sub) -> None:
     p.add_argument("--window", type=int, help="sliding-window attention of this many keys")
     p.add_argument("--backend", help="attention backend (default auto)")
     p.add_argument("--dropout", type=float)
+    p.add_argument("--context-parallel", type=int, default=d.context_parallel, metavar="N",
+                   help="split each row's sequence over N ranks (under torchrun: world = data parallel x N)")
     p.add_argument("--overfit", action="store_true", help="sanity check: 10 samples until the loss is ~0")
     p.add_argument("--samples", action="store_true", help="print samples before and after training")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -69,7 +71,7 @@ def config_from_args(args) -> TrainConfig:
         grad_checkpointing=args.grad_checkpointing, eval_every=args.eval_every, eval_batches=args.eval_batches,
         ckpt_every=args.ckpt_every, keep=args.keep, seed=args.seed, device=args.device, overfit=args.overfit,
         overwrite=args.overwrite,
-        samples=args.samples, progress=not args.no_progress,
+        samples=args.samples, progress=not args.no_progress, context_parallel=args.context_parallel,
     )
     if args.overfit:  # the sanity check's own defaults, unless given explicitly
         defaults = TrainConfig()
