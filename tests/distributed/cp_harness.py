@@ -92,6 +92,9 @@ def build(name: str, world: int) -> Case:
         allowed = torch.ones(L, L, dtype=torch.bool).tril()
         allowed[layout.index(world - 1)] = False
         return Case(q, k, v, ak.masks.dense(allowed), None, layout, "auto", with_lse_grad=False)
+    if name == "chunked":  # Llama 4 local layers: causal inside chunks of 8 (a custom rule: probed exactly)
+        m = causal & ak.masks.custom(lambda b, h, q_pos, kv_pos: q_pos // 8 == kv_pos // 8, "chunk8")
+        return Case(q, k, v, m, None, akd.contiguous(L, world), "auto")
     if name == "bidirectional_softcap_gqa":
         q, k, v = _tensors(5, B, H, 2, L, D)
         return Case(q, k, v, None, None, akd.contiguous(L, world), "auto", softcap=3.0)
@@ -100,7 +103,7 @@ def build(name: str, world: int) -> Case:
 
 NAMES = ["causal_zigzag", "causal_contiguous_all_gather", "window_ring", "window_alibi_gqa",
          "alibi_causal_mqa_ring", "document", "document_ring", "padding_causal", "padding_empty_row",
-         "empty_shard", "bidirectional_softcap_gqa"]
+         "empty_shard", "bidirectional_softcap_gqa", "chunked"]
 
 
 def cotangents(case: Case):

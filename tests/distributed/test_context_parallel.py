@@ -126,6 +126,9 @@ def test_message_counts_by_hand(results):
     assert len(fwd["causal_zigzag"]) == 12
     # causal contiguous all-gather: rank r needs shards < r only (6 messages, none to rank 0)
     assert len(fwd["causal_contiguous_all_gather"]) == 6 and all(m[2] != 0 for m in fwd["causal_contiguous_all_gather"])
+    # chunks of 8 over shards starting at 0, 12, 23, 34: only chunks straddling a shard edge (16-23 and
+    # 32-39) reach back, so ranks 2 and 3 need their left neighbour; rank 1's chunk 8-15 starts inside shard 0
+    assert sorted((m[2]) for m in fwd["chunked"]) == [1, 2, 3]
     # the last rank's queries see nothing: nobody sends to it
     assert all(m[2] != 3 for m in sent["empty_shard"] if m[0] == "kv")
 

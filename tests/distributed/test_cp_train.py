@@ -40,6 +40,21 @@ def test_two_process_context_parallel_equals_one_process(tmp_path):
     assert err <= 1e-5 * float(a.abs().max()), f"context-parallel losses {b.tolist()} vs one process {a.tolist()}"
 
 
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="torch built without gloo")
+def test_data_parallel_times_context_parallel_equals_one_process(tmp_path):
+    """4 processes = 2 data-parallel replicas x 2 context-parallel ranks: each replica's row split in two."""
+    one, four = tmp_path / "one", tmp_path / "four"
+    single = run_cli(cli_args(one, *ARGS))
+    assert single.returncode == 0, single.stderr[-3000:]
+    run = _torchrun(4, *cli_args(four, *ARGS, "--context-parallel", "2"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "world 4" in run.stdout
+    a, b = _losses(one), _losses(four)
+    assert sum(r["cp_bytes_sent"] for r in read_metrics(four / "metrics.jsonl")) > 0
+    err = float((a - b).abs().max())
+    assert err <= 1e-5 * float(a.abs().max()), f"dp x cp losses {b.tolist()} vs one process {a.tolist()}"
+
+
 def test_context_parallel_must_divide_the_world():
     from attnkit.distributed import groups
 
