@@ -14,6 +14,7 @@ Shape legend: B rows per micro-batch (this rank), L seq_len, V vocab_size.
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import shutil
@@ -233,6 +234,26 @@ class Trainer:
 
     # ------------------------------------------------------------------------------------------ run
     def run(self) -> TrainResult:
+        """Train to the last step; the process group is released on every exit path (see :meth:`close`)."""
+        try:
+            return self._run()
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Drop the DistributedDataParallel wrapper, then destroy the process group.
+
+        DDP's reducer holds the gloo/nccl group; DDP objects sit in reference cycles, so without an explicit
+        collection the group outlives ``destroy_process_group`` until interpreter shutdown, where tearing down
+        gloo's worker threads aborts the process ("terminate called without an active exception", SIGABRT)
+        in a timing-dependent share of runs.
+        """
+        if self.ddp is not None:
+            self.ddp = None
+            gc.collect()
+        dist.shutdown(self.ctx)
+
+    def _run(self) -> TrainResult:
         c, ctx = self.config, self.ctx
         eval_batches = list(self.val_data.eval_batches(c.batch_size, c.eval_batches))
         if c.overfit:
@@ -254,8 +275,7 @@ class Trainer:
             samples["before"] = sample_text(self.model, c.sample_prompt, max_new_tokens=c.sample_tokens)
             self.log(f"--- sample before training ---\n{samples['before']}\n---")
         bar = _progress(c.progress and ctx.is_main, self.total_steps, self.step)
-        model = self.ddp or self.model
-        model.train()
+        self.model.train()  # (the loop reads self.ddp each time: no local may keep DDP alive, see close())
         loss_value, val_loss, start = float("nan"), None, time.perf_counter()
         tokens_done = 0
         while self.step < self.total_steps:
@@ -271,7 +291,7 @@ class Trainer:
                                               rank=ctx.rank, world=ctx.world).to(self.device)
                 sync_now = self.ddp is None or micro == c.accum - 1
                 with _maybe_no_sync(self.ddp, sync_now):
-                    loss = lm_loss(model, batch, self.precision, self.device) / c.accum
+                    loss = lm_loss(self.ddp or self.model, batch, self.precision, self.device) / c.accum
                     loss.backward()
                 loss_sum += loss.detach()
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.clip)
@@ -311,7 +331,6 @@ class Trainer:
             samples["after"] = sample_text(self.model, c.sample_prompt, max_new_tokens=c.sample_tokens)
             self.log(f"--- sample after training ---\n{samples['after']}\n---")
         self.log(f"run folder: {self.run_dir} (checkpoints/, metrics.jsonl, loss.png, config.json)")
-        dist.shutdown(ctx)
         return TrainResult(self.run_dir, self.step, loss_value, val_loss, baseline, self.precision, passed, samples)
 
     def save(self) -> None:
