@@ -17,6 +17,7 @@ from attnkit._bias import StructuredBias
 from attnkit._checks import number as check_scalar
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
 from attnkit.masks import MaskSpec, default_positions
+from attnkit.masks.dense import check_default_alignment
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,14 @@ def check_positions(positions: object, name: str, batch: int, length: int, devic
 
 
 def check_mask(mask: object, shape: tuple[int, int, int, int]) -> None:
-    if mask is None or isinstance(mask, MaskSpec):
+    if mask is None:
+        return
+    if isinstance(mask, MaskSpec):  # its data must fit the call (a dense part built for other heads, a padding batch)
+        B, H = shape[:2]
+        if mask.batch not in (1, B) or mask.heads not in (1, H):
+            raise AttnkitValueError(
+                f"mask {mask!r} holds data for batch {mask.batch} and {mask.heads} heads, which does not broadcast "
+                f"to (B, H, Lq, Lk)={shape}; build its tensors with batch 1 or B={B} and heads 1 or H={H}.")
         return
     if not isinstance(mask, torch.Tensor):
         raise AttnkitTypeError(f"mask must be an attnkit mask (ak.masks.*), a bool tensor or None, got {describe(mask)}.")
@@ -192,15 +200,23 @@ def build_call(q, k, v, mask=None, *, bias=None, scale=None, softcap=None, dropo
     shape = (B, H, Lq, k.shape[2])
     check_mask(mask, shape)
     check_bias(bias, shape, H)
+    reads = [what for what, on in ((f"mask {mask!r}", getattr(mask, "positional", False)),
+                                   (f"bias {type(bias).__name__}", isinstance(bias, StructuredBias))) if on]
+    if q_positions is None and reads:
+        check_default_alignment(Lq, k.shape[2], f"{' and '.join(reads)} read{'' if len(reads) > 1 else 's'} positions; pass q_positions= (and "
+                                "kv_positions=) with the absolute positions of this call's tokens")
     scale = 1.0 / math.sqrt(D) if scale is None else check_scalar(
         scale, "scale", low=0.0, high=math.inf, low_open=True, fix="omit it for the default 1/sqrt(head_dim).")
     if softcap is not None:
         softcap = check_scalar(softcap, "softcap", low=0.0, high=math.inf, low_open=True,
                                fix="use a positive cap such as 50.0 (Gemma 2), or None for no softcap.")
     dropout_p = check_scalar(dropout_p, "dropout_p", low=0.0, high=1.0, fix="use 0 <= dropout_p < 1 (0 at eval).")
+    if not isinstance(return_weights, bool):
+        raise AttnkitTypeError(f"return_weights must be True or False, got {describe(return_weights)}; pass a bool "
+                               "(a string such as 'no' is not one).")
     return AttentionCall(
         q, k, v, mask, bias, scale, softcap, dropout_p,
         check_positions(q_positions, "q_positions", B, Lq, q.device),
         check_positions(kv_positions, "kv_positions", B, k.shape[2], q.device),
-        bool(return_weights),
+        return_weights,
     )

@@ -107,10 +107,11 @@ def test_equal_position_rule_masks_share_the_dense_mask(monkeypatch):
 def test_a_mask_built_under_inference_mode_is_not_served_to_training():
     """Inference tensors can't enter autograd: the memo keys on inference mode (rows 0-2 see no key here)."""
     q, k, v = torch.randn(3, 1, 2, 9, 8).unbind(0)
-    k, v = k[:, :, :6], v[:, :, :6]  # Lq = 9 > Lk = 6: the first three queries sit before every key
+    k, v = k[:, :, :6], v[:, :, :6]
+    pos = {"q_positions": torch.arange(-3, 6), "kv_positions": torch.arange(6)}  # queries 0-2 sit before every key
     with torch.inference_mode():
-        ak.attention(q, k, v, M.causal(), backend="sdpa")
+        ak.attention(q, k, v, M.causal(), backend="sdpa", **pos)
     q = q.clone().requires_grad_()
-    out = ak.attention(q, k, v, M.causal(), backend="sdpa")
+    out = ak.attention(q, k, v, M.causal(), backend="sdpa", **pos)
     out.sum().backward()
     assert torch.equal(out[:, :, :3], torch.zeros_like(out[:, :, :3])) and torch.isfinite(q.grad).all()

@@ -242,13 +242,15 @@ def test_workspaces_stay_under_the_chunk_budget(monkeypatch, workspace_sizes):
     assert workspace_sizes and max(workspace_sizes) <= 128 * 60
 
 
-def test_more_queries_than_keys_use_positions_below_zero():
-    """Default positions put the queries last, so with Lq > Lk the first queries sit before every key."""
-    q_pos, kv_pos = ak.masks.default_positions(300, 200)
-    assert torch.equal(q_pos, torch.arange(-100, 200)[None]) and torch.equal(kv_pos, torch.arange(200)[None])
+def test_queries_before_every_key_see_nothing():
+    """With Lq > Lk the defaults would put queries at negative positions: refused (issue 16 item 4); the same
+    queries placed there explicitly sit before every key and give zero rows."""
     q, k, v = _qkv(1, 2, 2, 300, 200, 8)
-    _check(q, k, v, M.causal(), bias=ak.positions.ALiBi(2))
-    out = ak.attention(q, k, v, M.causal(), bias=ak.positions.ALiBi(2), backend="blocksparse")
+    with pytest.raises(ak.errors.AttnkitValueError, match="q_positions length 300 exceeds kv_positions length 200"):
+        ak.attention(q, k, v, M.causal(), bias=ak.positions.ALiBi(2), backend="blocksparse")
+    pos = {"q_positions": torch.arange(-100, 200), "kv_positions": torch.arange(200)}
+    _check(q, k, v, M.causal(), bias=ak.positions.ALiBi(2), **pos)
+    out = ak.attention(q, k, v, M.causal(), bias=ak.positions.ALiBi(2), backend="blocksparse", **pos)
     assert torch.equal(out[:, :, :100], torch.zeros_like(out[:, :, :100]))  # before every key: no visible key
 
 

@@ -16,7 +16,6 @@ from attnkit.models.lm import (
     ATTENTION_LAYERS,
     LMConfig,
     TransformerLM,
-    packed_mask,
     register_attention_layer,
     softmax_attention,
 )
@@ -26,7 +25,22 @@ from oracle import assert_within_rule
 V = 257
 
 
-def reference_forward(model: TransformerLM, tokens, positions=None, doc_ids=None, key_is_real=None, dtype=None):
+def _norm(module, x):
+    """A norm module written out plainly (LayerNorm or RMSNorm) in x's dtype."""
+    if isinstance(module, torch.nn.LayerNorm):
+        return F.layer_norm(x, module.normalized_shape, module.weight, module.bias, module.eps)
+    assert isinstance(module, torch.nn.RMSNorm), module
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + module.eps) * module.weight
+
+
+def _mlp(mlp, h):
+    if hasattr(mlp, "gate"):  # SwiGLU / GeGLU
+        return mlp.down(mlp.act(mlp.gate(h)) * mlp.up(h))
+    return mlp.down(mlp.act(mlp.up(h)))
+
+
+def reference_forward(model: TransformerLM, tokens, positions=None, doc_ids=None, key_is_real=None, dtype=None,
+                      token_types=None):
     """The LM written out plainly around reference_attention, in ``dtype`` (float64 = golden)."""
     m = copy.deepcopy(model).to(dtype or torch.float64)
     c = m.config
@@ -35,22 +49,30 @@ def reference_forward(model: TransformerLM, tokens, positions=None, doc_ids=None
     x = m.embed.weight[tokens]  # (B, L, E)
     if m.pos_embed is not None:
         x = x + m.pos_embed(pos).to(x.dtype)
-    for block in m.blocks:
+    if c.type_vocab_size:
+        x = x + m.type_embed.weight[torch.zeros_like(tokens) if token_types is None else token_types]
+    if c.embed_norm:
+        x = _norm(m.embed_norm, x)
+    for i, block in enumerate(m.blocks):
         a = block.attn
-        h = F.layer_norm(x, (c.dim,), block.norm1.weight, block.norm1.bias)
+        h = x if c.post_norm else _norm(block.norm1, x)
         H, Hkv, D = a.num_heads, a.num_kv_heads, a.head_dim
-        q, k, v = (h @ a.qkv_proj.weight.T).split([H * D, Hkv * D, Hkv * D], dim=-1)
+        q, k, v = F.linear(h, a.qkv_proj.weight, a.qkv_proj.bias).split([H * D, Hkv * D, Hkv * D], dim=-1)
         q = q.view(B, L, H, D).transpose(1, 2)  # (B, H, L, D)
         k = k.view(B, L, Hkv, D).transpose(1, 2)  # (B, Hkv, L, D)
         v = v.view(B, L, Hkv, D).transpose(1, 2)  # (B, Hkv, L, D)
-        if a.rope is not None:
-            q, k = a.rope(q, pos), a.rope(k, pos)
-        mask = m.mask(doc_ids=doc_ids, key_is_real=key_is_real)
-        o = reference_attention(q, k, v, mask, bias=a.alibi, q_positions=pos, kv_positions=pos)  # (B, H, L, D)
-        x = x + o.transpose(1, 2).reshape(B, L, H * D) @ a.out_proj.weight.T  # (B, L, E)
-        h = F.layer_norm(x, (c.dim,), block.norm2.weight, block.norm2.bias)
-        x = x + F.gelu(h @ block.mlp.up.weight.T, approximate="tanh") @ block.mlp.down.weight.T
-    x = F.layer_norm(x, (c.dim,), m.norm.weight, m.norm.bias)
+        if a.q_norm is not None:
+            q, k = _norm(a.q_norm, q), _norm(a.k_norm, k)
+        if a.rotary is not None:
+            q, k = a.rotary(q, pos), a.rotary(k, pos)
+        mask = m.mask(doc_ids=doc_ids, key_is_real=key_is_real, layer=i)
+        o = reference_attention(q, k, v, mask, bias=a.score_bias, q_positions=pos, kv_positions=pos)  # (B, H, L, D)
+        o = F.linear(o.transpose(1, 2).reshape(B, L, H * D), a.out_proj.weight, a.out_proj.bias)  # (B, L, E)
+        x = _norm(block.norm1, x + o) if c.post_norm else x + o
+        h = x if c.post_norm else _norm(block.norm2, x)
+        x = _norm(block.norm2, x + _mlp(block.mlp, h)) if c.post_norm else x + _mlp(block.mlp, h)
+    if not c.post_norm:
+        x = _norm(m.norm, x)
     return (x @ m.head.weight.T).detach()  # (B, L, V)
 
 
@@ -61,6 +83,13 @@ CONFIGS = [
     {"positions": "learned", "tie_embeddings": False},
     {"positions": "rope", "window": 3},
     {"positions": "none", "bias": True},
+    # the parts real families need (LLaMA / Mistral / Qwen2 / Gemma-2 / BERT / Qwen3-like)
+    {"norm": "rmsnorm", "mlp": "swiglu", "n_kv_heads": 1, "head_dim": 24, "rope_base": 5e5, "tie_embeddings": False},
+    {"norm": "rmsnorm", "mlp": "swiglu", "qkv_bias": True, "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
+    {"window": (3, None), "mlp": "geglu", "norm_eps": 1e-6},
+    {"positions": "learned", "bias": True, "post_norm": True, "mlp": "gelu_exact", "type_vocab_size": 2,
+     "embed_norm": True},
+    {"norm": "rmsnorm", "qk_norm": True, "rope_style": "interleaved", "mlp_hidden": 40},
 ]
 
 
@@ -89,16 +118,19 @@ def test_packed_rows_match_float64_reference_and_separate_documents(kw):
     torch.testing.assert_close(packed, separate, rtol=1e-5, atol=1e-5)
 
 
-@pytest.mark.parametrize("window", [None, 1, 3, 50])
-def test_packed_mask_equals_the_mask_spec(window):
-    doc = torch.randint(0, 2, (3, 40)).cumsum(dim=1) // 4  # (B, L) documents of random lengths
-    pos = restart_positions(doc)
-    spec = masks.And(masks.sliding_window(window) if window else masks.causal(), masks.document(doc))
-    fast = packed_mask(doc, pos, window, spec)
-    assert isinstance(fast, torch.Tensor) and torch.equal(fast, spec.to_dense(pos, pos))
-    shifted = pos.clone()
-    shifted[:, 5] += 7  # positions that don't count up by one: the spec is kept (evaluated on positions)
-    assert packed_mask(doc, shifted, window, spec) is spec
+@pytest.mark.parametrize("window", [None, 3])
+def test_packed_rows_reach_attention_as_one_structured_mask(window):
+    """Defect 5: packed rows used to reach attention as a dense (B, 1, L, L) tensor, which no backend can skip
+    blocks of; now every layer gets the same structured ``pattern & document`` mask."""
+    model = _model(window=window)
+    seen = []
+    for block in model.blocks:
+        block.attn.register_forward_pre_hook(lambda mod, args: seen.append(args[1]))
+    doc = torch.tensor([[0] * 5 + [1] * 4 + [2] * 3])
+    model(torch.randint(0, V, (1, 12)), positions=restart_positions(doc), doc_ids=doc)
+    assert len(seen) == len(model.blocks) and all(m is seen[0] for m in seen)
+    assert isinstance(seen[0], masks.MaskSpec), f"dense mask reached attention: {type(seen[0])}"
+    assert "document" in repr(seen[0]) and ("sliding_window(3)" if window else "causal") in repr(seen[0])
 
 
 def test_packed_rows_with_irregular_positions_match_the_reference():

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnkit.masks import And, MaskContext, MaskSpec, Or, Strided
+from attnkit.masks import MaskContext, MaskSpec, Strided
 from attnkit.masks.blocks import BlockCover, BlockGrid, cover, evaluate_on
 
 BLOCK = 64  # tile size (queries and keys)
@@ -87,12 +87,9 @@ class Plan:
 
 
 def stride_hint(mask: MaskSpec | None) -> int | None:
-    """The stride of a ``strided(s)`` factor of the mask's top-level ``&``, if any."""
-    if isinstance(mask, Strided):
-        return mask.stride
-    if isinstance(mask, And) and not isinstance(mask, Or):
-        return next((s for p in mask.parts if (s := stride_hint(p)) is not None), None)
-    return None
+    """The stride of a ``strided(s)`` conjunct of the mask, if any."""
+    conjuncts = () if mask is None else mask.conjuncts()
+    return next((p.stride for p in conjuncts if isinstance(p, Strided)), None)
 
 
 def _residue_order(positions: torch.Tensor, stride: int) -> torch.Tensor:

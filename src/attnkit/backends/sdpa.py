@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from attnkit._bias import StructuredBias
 from attnkit._validation import AttentionCall
-from attnkit.masks import And, Causal, Custom, GlobalTokens, MaskSpec, Not, Or, SlidingWindow, Strided, materialize
+from attnkit.masks import And, Causal, Combination, Custom, GlobalTokens, MaskSpec, Not, Or, SlidingWindow, Strided, materialize
 
 
 class LastDenseMask:
@@ -68,7 +68,7 @@ def _rules_key(mask: MaskSpec) -> str | None:
         node = stack.pop()
         if type(node) not in _RULES:
             return None
-        stack.extend(node.parts if isinstance(node, And) else [node.inner] if isinstance(node, Not) else [])
+        stack.extend(node.parts if isinstance(node, Combination) else [node.inner] if isinstance(node, Not) else [])
     return repr(mask)
 
 

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 import attnkit as ak
 from attnkit.bench.common import RESULTS_DIR, matmul_peak_gflops, peak_memory_bytes, round_robin, write_results
+from attnkit.bench.plots import line_panels
 
 M = ak.masks
 CASES = ["causal", "noncausal", "padding", "window256", "documents", "strided", "alibi", "gqa"]
@@ -203,37 +204,19 @@ def bf16_speedup(args, n: int = 4096) -> dict:
 
 
 def plot(payload: dict, out_dir: Path, name: str = "attention") -> list[Path]:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    """One figure per metric (time fwd+bwd, time fwd, peak memory), one panel per case, one style per contender."""
     rows = payload["rows"]
     cases = list(dict.fromkeys(r["case"] for r in rows))
     paths = []
     for metric, label, suffix in (("fwdbwd_ms", "forward+backward time (ms)", "time"),
                                   ("fwd_ms", "forward time (ms)", "fwd_time"),
                                   ("fwdbwd_peak_bytes", "peak memory fwd+bwd (bytes)", "memory")):
-        fig, axes = plt.subplots(2, math.ceil(len(cases) / 2), figsize=(4 * math.ceil(len(cases) / 2), 7), squeeze=False)
-        for ax, case in zip(axes.flat, cases):
-            series: dict[str, list] = {}
-            for r in rows:
-                if r["case"] == case:
-                    for who, c in r["contenders"].items():
-                        if metric in c:
-                            series.setdefault(who, []).append((r["n"], c[metric]))
-            for who, pts in series.items():
-                ax.loglog(*zip(*pts), marker="o", label=who)
-            ax.set_title(case)
-            ax.set_xlabel("N")
-            ax.grid(True, which="both", alpha=0.3)
-        axes.flat[0].set_ylabel(label)
-        axes.flat[0].legend(fontsize=7)
-        fig.tight_layout()
-        path = out_dir / f"{name}_{suffix}.png"
-        fig.savefig(path, dpi=90)
-        plt.close(fig)
-        paths.append(path)
+        panels: dict[str, dict[str, list]] = {case: {} for case in cases}
+        for r in rows:
+            for who, c in r["contenders"].items():
+                if metric in c:
+                    panels[r["case"]].setdefault(who, []).append((r["n"], c[metric]))
+        paths.append(line_panels(panels, out_dir / f"{name}_{suffix}.png", ylabel=label))
     return paths
 
 

@@ -9,41 +9,15 @@ from __future__ import annotations
 
 import json
 import platform
-import random
-import statistics
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
+from attnkit._timing import round_robin, sync  # noqa: F401  (re-exported for the suites)
+
 RESULTS_DIR = Path("benchmarks") / "results"
-
-
-def sync(device: torch.device | str | None = None) -> None:
-    """Wait for queued device work (CUDA) so wall-clock timings are honest."""
-    if device is not None and torch.device(device).type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def round_robin(fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 2,
-                device: torch.device | str | None = None, seed: int = 0) -> dict[str, float]:
-    """Median seconds per contender; each round runs every contender once in a random order."""
-    for fn in fns.values():
-        for _ in range(warmup):
-            fn()
-    sync(device)
-    order, rng = list(fns), random.Random(seed)
-    times: dict[str, list[float]] = {name: [] for name in fns}
-    for _ in range(repeats):
-        rng.shuffle(order)
-        for name in order:
-            start = time.perf_counter()
-            fns[name]()
-            sync(device)
-            times[name].append(time.perf_counter() - start)
-    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def peak_memory_bytes(fn: Callable[[], object], device: torch.device | str | None = None) -> int:

@@ -14,6 +14,7 @@ import torch
 
 import attnkit as ak
 from attnkit.bench.common import RESULTS_DIR, peak_memory_bytes, round_robin, write_results
+from attnkit.bench.plots import line_panels
 from attnkit.functional.linear import LinearState, linear_attention
 
 H, D = 8, 64
@@ -93,26 +94,15 @@ def _crossover(rows: list[dict]) -> int | None:
 
 
 def plot(payload: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
-    for ax, which in zip(axes[:2], ("fwd", "fwd+bwd")):
+    """Time of linear vs softmax attention (fwd, fwd+bwd) and decode cost per token vs context."""
+    decode = "decode: one token vs context"
+    panels: dict[str, dict[str, list]] = {}
+    for which in ("fwd", "fwd+bwd"):
         rows = [r for r in payload["rows"] if r["pass"] == which]
-        for name in ("linear", "sdpa", "attnkit"):
-            pts = [(r["n"], r[f"{name}_ms"]) for r in rows if f"{name}_ms" in r]
-            if pts:
-                ax.loglog(*zip(*pts), marker="o", label=name)
-        ax.set(title=f"time, {which}", xlabel="N", ylabel="ms")
-        ax.legend()
-    ctx = [d["context"] for d in payload["decode"]]
-    for name in ("softmax_cache", "linear_state"):
-        axes[2].loglog(ctx, [d[f"{name}_us"] for d in payload["decode"]], marker="o", label=name)
-    axes[2].set(title="decode: one token vs context", xlabel="context length", ylabel="us per token per layer")
-    axes[2].legend()
-    fig.suptitle(payload["shape"])
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+        panels[f"time, {which}"] = {name: [(r["n"], r[f"{name}_ms"]) for r in rows if f"{name}_ms" in r]
+                                    for name in ("linear", "sdpa", "attnkit")}
+    panels[decode] = {name: [(d["context"], d[f"{name}_us"]) for d in payload["decode"]]
+                      for name in ("softmax_cache", "linear_state")}
+    line_panels(panels, path, ylabel={"time, fwd": "ms", "time, fwd+bwd": "ms", decode: "us per token per layer"},
+                xlabel={decode: "context length"} | {p: "N" for p in panels if p != decode}, ncols=3,
+                title=payload["shape"], dpi=110, panel_size=(5.0, 4.2))

@@ -24,7 +24,7 @@ import torch
 
 from attnkit._checks import positive_int
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
-from attnkit.masks import And, Causal, MaskSpec, SlidingWindow
+from attnkit.masks import MaskSpec
 
 #: position of an empty slot in a fixed-shape cache: later than any query, so every causal mask hides it
 EMPTY_POSITION = 2**62
@@ -45,11 +45,17 @@ class KVCache(Protocol):
         ...
 
 
-def _conjuncts(mask: object) -> list[object]:
-    """The top-level ``&`` parts of a mask (the mask itself when it is not an ``And``)."""
-    if type(mask) is And:
-        return [part for p in mask.parts for part in _conjuncts(p)]
-    return [mask]
+def reach_of(mask: object) -> tuple[int | None, int | None]:
+    """``mask.reach()`` (offset bounds ``kv_pos - q_pos`` of its allowed entries, see
+    :meth:`attnkit.masks.MaskSpec.reach`); unbounded for no mask, a tensor or anything else."""
+    mask = getattr(mask, "spec", mask)  # a prepared mask answers for its spec
+    return mask.reach() if isinstance(mask, MaskSpec) else (None, None)
+
+
+def _covers(outer: tuple[int | None, int | None], inner: tuple[int | None, int | None]) -> bool:
+    """Whether the offset interval ``outer`` contains ``inner`` (None = unbounded)."""
+    (olo, ohi), (ilo, ihi) = outer, inner
+    return (olo is None or (ilo is not None and olo <= ilo)) and (ohi is None or (ihi is not None and ohi >= ihi))
 
 
 class CacheBase:
@@ -60,6 +66,9 @@ class CacheBase:
     """
 
     kind = "base"
+    #: offsets ``kv_pos - q_pos`` of the keys returned after a one-token update, relative to that token
+    #: (None = unbounded): what :meth:`decode_mask` must still mask
+    returned_offsets: tuple[int | None, int | None] = (None, None)
 
     def __init__(self, batch_size: int, num_kv_heads: int, head_dim: int, *, dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None):
@@ -105,18 +114,22 @@ class CacheBase:
 
     # ------------------------------------------------------------------ mask rules (used by MultiHeadAttention)
     def check_mask(self, mask: object) -> None:
-        """Raise unless ``mask`` keeps cached decoding equal to the full forward: it must be causal (a
-        ``causal()`` or ``sliding_window(W)`` among its ``&`` parts), or later tokens would be visible in the
-        full forward but absent from the cache (and empty slots of fixed-shape caches would be visible)."""
-        if not any(isinstance(p, (Causal, SlidingWindow)) for p in _conjuncts(mask)):
+        """Raise unless ``mask`` keeps cached decoding equal to the full forward: it must never reach ahead
+        (``mask.reach()[1] <= 0``, e.g. ``causal()``, ``sliding_window(W)``, ``chunked(C)`` among its ``&``
+        parts), or later tokens would be visible in the full forward but absent from the cache (and empty
+        slots of fixed-shape caches would be visible)."""
+        ahead = reach_of(mask)[1]
+        if ahead is None or ahead > 0:
             raise AttnkitValueError(
                 f"with a KV cache the mask must be causal, got mask={mask!r}; pass ak.masks.causal() (or "
                 "sliding_window(W)), combined with & for padding, e.g. causal() & padding(key_is_real).")
 
     def decode_mask(self, mask: MaskSpec | None) -> MaskSpec | None:
-        """The mask a single newest query still needs after the last update: ``None`` when the cache
-        guarantees that every key it returned is visible to that query under ``mask``."""
-        return mask
+        """The mask a single newest query still needs after the last update: ``None`` when the mask allows
+        exactly an offset interval (:meth:`~attnkit.masks.MaskSpec.offsets`) that contains every offset the
+        cache returns (:attr:`returned_offsets`), so every returned key is visible."""
+        exact = getattr(mask, "spec", mask).offsets() if mask is not None else None
+        return None if exact is not None and _covers(exact, self.returned_offsets) else mask
 
     # ------------------------------------------------------------------ checks
     def _check(self, k: object, v: object, positions: object) -> torch.Tensor:

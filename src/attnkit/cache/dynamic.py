@@ -11,13 +11,13 @@ from __future__ import annotations
 import torch
 
 from attnkit.cache.base import CacheBase
-from attnkit.masks import Causal, MaskSpec
 
 
 class DynamicCache(CacheBase):
     """A growing cache; ``initial_capacity`` slots are allocated on the first update (more when needed)."""
 
     kind = "dynamic"
+    returned_offsets = (None, 0)  # every stored key sits at a position <= the newest one (checked in order)
 
     def __init__(self, batch_size: int, num_kv_heads: int, head_dim: int, *, dtype: torch.dtype = torch.float32,
                  device: torch.device | str | None = None, initial_capacity: int = 256):
@@ -47,10 +47,6 @@ class DynamicCache(CacheBase):
         self.positions.narrow(1, start, n).copy_(positions)  # (B|1, Lnew) broadcast to (B, Lnew)
         return self.k.narrow(2, 0, end), self.v.narrow(2, 0, end), self.positions.narrow(1, 0, end)  # (B, Hkv, Lk, D) x2, (B, Lk)
 
-    def decode_mask(self, mask: MaskSpec | None) -> MaskSpec | None:
-        # Every stored key sits at a position <= the newest one (positions are checked to continue in order),
-        # so a pure causal mask hides nothing from the newest query.
-        return None if type(mask) is Causal else mask
 
     def _buffers(self):
         return [] if self.k is None else [self.k, self.v, self.positions]

@@ -9,8 +9,9 @@ order; that is harmless because masks are evaluated on the stored absolute posit
   chunk will overwrite, so the stored keys and the chunk are returned together (``(B, Hkv, <= W + n, D)``,
   transient), and then the last ``min(n, W)`` tokens of the chunk are written into the ring.
 
-The mask must not reach further back than the ring: it needs ``sliding_window(w)`` with ``w <= window`` among
-its ``&`` parts, otherwise :meth:`check_mask` raises (a plain causal mask would silently lose old keys).
+The mask must not reach further back than the ring (:meth:`~attnkit.masks.MaskSpec.reach`: at most
+``window - 1`` positions back, e.g. ``sliding_window(w)`` with ``w <= window`` or ``chunked(C)`` with ``C <= window``
+among its ``&`` parts), otherwise :meth:`check_mask` raises (a plain causal mask would silently lose old keys).
 
 Shape legend: B batch, Hkv key/value heads, W window, n new tokens, D head dim.
 """
@@ -20,9 +21,8 @@ from __future__ import annotations
 import torch
 
 from attnkit._checks import positive_int
-from attnkit.cache.base import CacheBase, _conjuncts
+from attnkit.cache.base import CacheBase, reach_of
 from attnkit.errors import AttnkitValueError
-from attnkit.masks import Causal, MaskSpec, SlidingWindow
 
 
 class SlidingWindowCache(CacheBase):
@@ -36,19 +36,18 @@ class SlidingWindowCache(CacheBase):
         self.window = positive_int(window, "window")
         self._allocate(self.window, 0)
 
+    @property
+    def returned_offsets(self) -> tuple[int, int]:
+        return 1 - self.window, 0  # after a one-token update the ring holds positions (p - W, p]
+
     def check_mask(self, mask: object) -> None:
-        windows = [p.window for p in _conjuncts(mask) if isinstance(p, SlidingWindow)]
-        if not windows or min(windows) > self.window:
+        super().check_mask(mask)
+        back = reach_of(mask)[0]
+        if back is None or back < 1 - self.window:
             raise AttnkitValueError(
                 f"a sliding-window cache of window={self.window} holds only the last {self.window} keys, but "
                 f"mask={mask!r} can see further back; use a mask with ak.masks.sliding_window(w), w <= {self.window} "
                 "(combined with & for padding), or a dynamic/static cache.")
-
-    def decode_mask(self, mask: MaskSpec | None) -> MaskSpec | None:
-        # After a one-token update the ring holds positions (p - W, p]: all inside a window >= W.
-        if type(mask) is SlidingWindow and mask.window >= self.window or type(mask) is Causal:
-            return None
-        return mask
 
     def _store(self, k, v, positions):
         W, n, start = self.window, k.shape[2], self.length

@@ -14,6 +14,7 @@ SUITES = {
     "decode": "tokens/s of cached decoding vs Hugging Face transformers and no cache",
     "train": "tokens/s of a training step vs a plain reference GPT",
     "linear": "linear attention vs softmax attention: time, memory, crossover, decode cost",
+    "plots": "redraw the plots of recorded results (benchmarks/results/*.json) without re-running",
 }
 
 

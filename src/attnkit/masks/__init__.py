@@ -22,6 +22,7 @@ from attnkit.masks.dense import default_positions, materialize
 from attnkit.masks.spec import (
     And,
     Causal,
+    Combination,
     Custom,
     Dense,
     Document,
@@ -78,6 +79,6 @@ def dense(tensor: torch.Tensor) -> Dense:
 
 __all__ = [
     "MaskSpec", "MaskContext", "Causal", "SlidingWindow", "Padding", "Document", "Strided", "GlobalTokens",
-    "Custom", "Dense", "And", "Or", "Not", "causal", "sliding_window", "padding", "document", "strided",
+    "Custom", "Dense", "Combination", "And", "Or", "Not", "causal", "sliding_window", "padding", "document", "strided",
     "global_tokens", "custom", "dense", "materialize", "default_positions",
 ]

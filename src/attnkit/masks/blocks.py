@@ -27,14 +27,13 @@ from functools import cached_property, singledispatch
 import torch
 
 from attnkit.masks.spec import (
-    And,
     Causal,
+    Combination,
     Document,
     GlobalTokens,
     MaskContext,
     MaskSpec,
     Not,
-    Or,
     Padding,
     SlidingWindow,
     Strided,
@@ -170,13 +169,9 @@ def _(mask: Document, grid: BlockGrid) -> BlockCover:
 
 
 @cover.register
-def _(mask: And, grid: BlockGrid) -> BlockCover:
+def _(mask: Combination, grid: BlockGrid) -> BlockCover:  # & intersects, | unites (mask.join)
     parts = [cover(p, grid) for p in mask.parts]
-    if isinstance(mask, Or):
-        return BlockCover(_reduce([p.any for p in parts], torch.logical_or),
-                          _reduce([p.full for p in parts], torch.logical_or))
-    return BlockCover(_reduce([p.any for p in parts], torch.logical_and),
-                      _reduce([p.full for p in parts], torch.logical_and))
+    return BlockCover(_reduce([p.any for p in parts], mask.join), _reduce([p.full for p in parts], mask.join))
 
 
 @cover.register

@@ -18,6 +18,14 @@ def default_positions(q_len: int, kv_len: int, device: torch.device | str | None
     return q, kv
 
 
+def check_default_alignment(q_len: int, kv_len: int, fix: str) -> None:
+    """Default positions put the queries at the last Lq key positions: Lq > Lk would give queries negative
+    positions (rows of a causal mask that see nothing). Raise the typed error for it, with ``fix``."""
+    if q_len > kv_len:
+        raise AttnkitValueError(f"q_positions length {q_len} exceeds kv_positions length {kv_len}; with default "
+                                f"positions queries are the last Lq keys, so Lq <= Lk: {fix}.")
+
+
 def _as_positions(value: torch.Tensor | int, name: str) -> torch.Tensor | int:
     if isinstance(value, bool) or not isinstance(value, (int, torch.Tensor)):
         raise AttnkitTypeError(f"{name} must be an int64 tensor (L,)/(B, L) or a length int, got {describe(value)}.")
@@ -45,9 +53,8 @@ def context_for(
     if isinstance(qp, int) or isinstance(kvp, int):
         q_len = qp if isinstance(qp, int) else qp.shape[1]
         kv_len = kvp if isinstance(kvp, int) else kvp.shape[1]
-        if q_len > kv_len and isinstance(qp, int) and isinstance(kvp, int):
-            raise AttnkitValueError(f"q_positions length {q_len} exceeds kv_positions length {kv_len}; with plain "
-                                    "lengths queries are the last Lq keys, so Lq <= Lk. Pass position tensors.")
+        if isinstance(qp, int) and isinstance(kvp, int):
+            check_default_alignment(q_len, kv_len, "pass position tensors instead of lengths")
         dq, dkv = default_positions(q_len, kv_len, device)
         qp = dq if isinstance(qp, int) else qp
         kvp = dkv if isinstance(kvp, int) else kvp

@@ -57,6 +57,9 @@ class MaskSpec:
     batch: int = 1
     #: number of heads the mask distinguishes (only dense per-head masks have more than 1)
     heads: int = 1
+    #: True when the mask reads token positions (causal, windows, strides, global tokens, custom), not only
+    #: indices and data: default positions must then be well defined (Lq <= Lk)
+    positional: bool = False
 
     def bind(self, ctx: MaskContext) -> BoundMask:
         """Return the elementwise function ``fn(b, h, q_idx, kv_idx) -> bool`` for this call."""
@@ -112,6 +115,19 @@ class MaskSpec:
         interval; None when it depends on anything else (data, absolute positions, heads)."""
         return None
 
+    def reach(self) -> tuple[int | None, int | None]:
+        """Bounds ``(lo, hi)`` on the offsets ``kv_pos - q_pos`` of every allowed entry (None = unbounded): the
+        mask never lets a query see a key more than ``-lo`` positions back or ``hi`` ahead. Unlike
+        :meth:`offsets` it need not be exact: ``causal() & padding(x)`` reaches ``(None, 0)``. Caches decide
+        from it whether they hold every key a mask can reach."""
+        exact = self.offsets()
+        return (None, None) if exact is None else exact
+
+    def conjuncts(self) -> tuple[MaskSpec, ...]:
+        """The masks whose ``&`` this mask is, flattened: ``(causal() & padding(x)).conjuncts()`` is
+        ``(causal(), padding(x))``; any mask that is not an ``&`` is its own single conjunct."""
+        return (self,)
+
 
 def _check_spec(other: object, op: str) -> MaskSpec:
     if not isinstance(other, MaskSpec):
@@ -138,6 +154,8 @@ def _lookup(ctx: MaskContext):
 class Causal(MaskSpec):
     """Query at position p sees keys at positions <= p."""
 
+    positional = True
+
     def bind(self, ctx: MaskContext) -> BoundMask:
         positions = _lookup(ctx)
 
@@ -156,6 +174,8 @@ class Causal(MaskSpec):
 
 class SlidingWindow(MaskSpec):
     """Causal window of W keys including the query itself: p - W < j <= p."""
+
+    positional = True
 
     def __init__(self, window: int):
         self.window = positive_int(window, "window", "use window >= 1 (window=1 lets a token see only itself).")
@@ -180,6 +200,8 @@ class Strided(MaskSpec):
     """Sparse Transformer's strided pattern: keys whose distance is a multiple of ``stride`` (not causal by
     itself: combine with ``causal()``)."""
 
+    positional = True
+
     def __init__(self, stride: int):
         self.stride = positive_int(stride, "stride", "use stride >= 1.")
 
@@ -203,8 +225,14 @@ class GlobalTokens(MaskSpec):
     for decoders.
     """
 
+    positional = True
+
     def __init__(self, positions: Sequence[int] | torch.Tensor):
-        values = torch.as_tensor(positions, dtype=torch.long).flatten()
+        values = torch.as_tensor(positions).flatten()
+        if values.numel() and (values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool):
+            raise AttnkitTypeError(
+                f"global_tokens positions must be ints, got {describe(positions)}; pass integer token positions, "
+                "e.g. global_tokens([0]) (a float such as 1.5 is not a position).")
         if values.numel() == 0 or bool((values < 0).any()):
             raise AttnkitValueError(
                 f"global_tokens positions must be a non-empty list of non-negative ints, got {describe(positions)}; "
@@ -213,17 +241,13 @@ class GlobalTokens(MaskSpec):
         self.positions = sorted(set(values.tolist()))
 
     def bind(self, ctx: MaskContext) -> BoundMask:
-        table = torch.zeros(self.positions[-1] + 1, dtype=torch.bool, device=ctx.device)
-        table[torch.tensor(self.positions, device=ctx.device)] = True  # table[p] = p is global
-        top = table.shape[0] - 1
-        positions = _lookup(ctx)
-
-        def is_global(pos):
-            return table[pos.clamp(0, top)] & (pos <= top) & (pos >= 0)
+        # one flag per token of the call (memory grows with Lq + Lk, not with the largest global position)
+        table = torch.tensor(self.positions, device=ctx.device)  # (n,) the global positions
+        q_global = torch.isin(ctx.q_positions, table)  # (B, Lq)
+        kv_global = torch.isin(ctx.kv_positions, table)  # (B, Lk)
 
         def fn(b, h, q_idx, kv_idx):
-            q_pos, kv_pos = positions(b, q_idx, kv_idx)
-            return is_global(q_pos) | is_global(kv_pos)
+            return q_global[b, q_idx] | kv_global[b, kv_idx]
 
         return fn
 
@@ -233,6 +257,8 @@ class GlobalTokens(MaskSpec):
 
 class Custom(MaskSpec):
     """A user mask ``fn(b, h, q_pos, kv_pos) -> bool`` on absolute positions (elementwise, broadcasting)."""
+
+    positional = True
 
     def __init__(self, fn: Callable[..., torch.Tensor], name: str | None = None):
         if not callable(fn):
@@ -362,19 +388,28 @@ def _check_batch(mask: MaskSpec, ctx: MaskContext) -> None:
 # ---------------------------------------------------------------- algebra and dense tensors
 
 
-class And(MaskSpec):
+class Combination(MaskSpec):
+    """An n-ary combination of masks; :class:`And` and :class:`Or` are its two (sibling) kinds."""
+
+    symbol = "?"
+
     def __init__(self, *parts: MaskSpec):
         self.parts = parts
         self.batch = max(p.batch for p in parts)
         self.heads = max(p.heads for p in parts)
+        self.positional = any(p.positional for p in parts)
+
+    @staticmethod
+    def join(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
 
     def bind(self, ctx):
-        fns = [p.bind(ctx) for p in self.parts]
+        fns, join = [p.bind(ctx) for p in self.parts], self.join
 
         def fn(b, h, q_idx, kv_idx):
             out = fns[0](b, h, q_idx, kv_idx)
             for f in fns[1:]:
-                out = out & f(b, h, q_idx, kv_idx)
+                out = join(out, f(b, h, q_idx, kv_idx))
             return out
 
         return fn
@@ -382,41 +417,53 @@ class And(MaskSpec):
     def natural_length(self):
         return max((n for p in self.parts if (n := p.natural_length()) is not None), default=None)
 
+    def __repr__(self):
+        return "(" + f" {self.symbol} ".join(map(repr, self.parts)) + ")"
+
+
+class And(Combination):
+    """Allowed where every part allows."""
+
+    symbol = "&"
+    join = staticmethod(torch.logical_and)
+
+    def conjuncts(self) -> tuple[MaskSpec, ...]:
+        return tuple(c for p in self.parts for c in p.conjuncts())
+
     def offsets(self) -> tuple[int | None, int | None] | None:
         """The intersection of the parts' offset intervals (None if any part has none)."""
         parts = [p.offsets() for p in self.parts]
         if any(o is None for o in parts):
             return None
-        lows = [lo for lo, _ in parts if lo is not None]
-        highs = [hi for _, hi in parts if hi is not None]
-        return (max(lows) if lows else None), (min(highs) if highs else None)
+        return _intersect(parts)
 
-    def __repr__(self):
-        return "(" + " & ".join(map(repr, self.parts)) + ")"
+    def reach(self) -> tuple[int | None, int | None]:
+        return _intersect([p.reach() for p in self.parts])
 
 
-class Or(And):
+class Or(Combination):
+    """Allowed where any part allows."""
+
+    symbol = "|"
+    join = staticmethod(torch.logical_or)
+
     def offsets(self) -> None:
         return None  # a union of intervals need not be one
 
-    def bind(self, ctx):
-        fns = [p.bind(ctx) for p in self.parts]
+    def reach(self) -> tuple[int | None, int | None]:
+        lows, highs = zip(*(p.reach() for p in self.parts))
+        return (None if None in lows else min(lows)), (None if None in highs else max(highs))
 
-        def fn(b, h, q_idx, kv_idx):
-            out = fns[0](b, h, q_idx, kv_idx)
-            for f in fns[1:]:
-                out = out | f(b, h, q_idx, kv_idx)
-            return out
 
-        return fn
-
-    def __repr__(self):
-        return "(" + " | ".join(map(repr, self.parts)) + ")"
+def _intersect(intervals) -> tuple[int | None, int | None]:
+    lows = [lo for lo, _ in intervals if lo is not None]
+    highs = [hi for _, hi in intervals if hi is not None]
+    return (max(lows) if lows else None), (min(highs) if highs else None)
 
 
 class Not(MaskSpec):
     def __init__(self, inner: MaskSpec):
-        self.inner, self.batch, self.heads = inner, inner.batch, inner.heads
+        self.inner, self.batch, self.heads, self.positional = inner, inner.batch, inner.heads, inner.positional
 
     def bind(self, ctx):
         inner = self.inner.bind(ctx)

@@ -17,7 +17,7 @@ from torch import nn
 
 from attnkit.errors import AttnkitValueError, BackendUnsupportedError, describe
 from attnkit.functional.linear import LinearState, linear_attention, resolve_feature_map
-from attnkit.masks import And, Causal, MaskSpec, Padding
+from attnkit.masks import Causal, MaskSpec, Padding
 from attnkit.nn.attention import _check_shape_args, init_normal
 
 
@@ -34,7 +34,9 @@ class LinearAttentionCache:
 
 def read_mask(mask, batch: int, length: int) -> tuple[bool, torch.Tensor | None]:
     """``(causal, key_is_real (B, length) or None)`` from a mask of causal/padding parts; raise for the rest."""
-    parts = [] if mask is None else list(mask.parts) if isinstance(mask, And) else [mask]
+    if mask is not None and not isinstance(mask, MaskSpec):
+        raise BackendUnsupportedError(f"LinearAttention needs an attnkit mask (causal/padding), got {describe(mask)}.")
+    parts = () if mask is None else mask.conjuncts()
     causal, key_is_real = False, None
     for part in parts:
         if isinstance(part, Causal):
@@ -52,8 +54,6 @@ def read_mask(mask, batch: int, length: int) -> tuple[bool, torch.Tensor | None]
                 f"LinearAttention serves masks built from causal() and padding(...), got {describe(part)} in "
                 f"{mask!r}; use MultiHeadAttention for this layer (e.g. document masks: turn packing off).",
                 [f"{part!r} is not expressible with one running state"])
-    if mask is not None and not isinstance(mask, MaskSpec):
-        raise BackendUnsupportedError(f"LinearAttention needs an attnkit mask (causal/padding), got {describe(mask)}.")
     return causal, key_is_real
 
 

@@ -10,7 +10,7 @@ import contextlib
 
 import torch
 
-from attnkit.bench.common import round_robin
+from attnkit._timing import round_robin
 
 
 def bf16_supported(device: torch.device) -> bool:

@@ -95,6 +95,15 @@ def _hf_scales(s, options: Options) -> list[tuple[str, float, int]]:
     return seen
 
 
+def _hf_implementations() -> tuple[str, ...]:
+    """eager and sdpa, and attnkit's own implementation when ``attnkit.integrations.hf`` is importable."""
+    try:
+        import attnkit.integrations.hf  # noqa: F401  (registers attn_implementation="attnkit")
+    except (ImportError, RuntimeError):
+        return ("eager", "sdpa")
+    return ("eager", "sdpa", "attnkit")
+
+
 @check("scale", "softmax scale",
        "Multiply the scores by 1/sqrt(d_k), d_k = the head dim (not the model width), before the softmax.", order=50)
 def scale(subject, options) -> Outcome:
@@ -316,7 +325,7 @@ def backend_agreement(subject, options) -> Outcome:
             try:
                 s32.module.set_attn_implementation("eager")
                 ref = run_main(s32, inputs)
-                for name in ("eager", "sdpa"):
+                for name in _hf_implementations():
                     s32.module.set_attn_implementation(name)
                     ok, err, ref_err = _rule(run_main(s32, inputs), ref, golden)
                     results[name] = {"served": True, "ok": ok, "err": err, "ref_err": ref_err}

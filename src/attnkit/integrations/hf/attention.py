@@ -1,0 +1,97 @@
+"""attnkit as a transformers attention implementation: ``attn_implementation="attnkit"``.
+
+transformers calls ``attention_forward(module, query, key, value, attention_mask, dropout=, scaling=, ...)`` in
+every attention layer of a model that follows its ``AttentionInterface``; this one forwards the call to
+:func:`attnkit.attention` (``auto`` routing, ``ak.explain``, weights capture, the doctor's observers), with the
+mask that :func:`attnkit.integrations.hf.masks.mask_interface` built as an ``ak.masks`` expression.
+
+Honoured: ``scaling``, ``dropout``, GQA (k/v with fewer heads: attnkit reads head h // G, no repeat), masks of
+every kind transformers builds (causal, sliding window per layer, chunked, padding left or right, packed rows,
+cache offsets), ``softcap`` (Gemma 2), ``position_bias`` (an additive float bias), a user's own 4-D mask (bool:
+a dense mask; float: an additive bias), ``output_attentions`` (weights from attnkit). A model feature attnkit
+can't serve raises :class:`~attnkit.errors.BackendUnsupportedError` naming it; nothing is dropped silently.
+
+Shape legend: B batch, H query heads, Hkv key/value heads, Lq/Lk lengths, D head dim.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnkit import masks
+from attnkit.backends import attention
+from attnkit.errors import AttnkitTypeError, BackendUnsupportedError, describe
+from attnkit.integrations.hf.masks import HFMask
+
+#: keyword arguments that change what attention computes; attnkit refuses the ones it has no form for
+_REFUSED = {
+    "window_size": "a (left, right) local window passed per call",
+    "use_top_left_mask": "top-left aligned causal masks",
+}
+
+
+def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                      attention_mask, dropout: float = 0.0, scaling: float | None = None,
+                      softcap: float | None = None, is_causal: bool | None = None,
+                      position_bias: torch.Tensor | None = None, s_aux: torch.Tensor | None = None,
+                      sinks: torch.Tensor | None = None, **kwargs):
+    """transformers' attention-function signature over :func:`attnkit.attention`.
+
+    ``query (B, H, Lq, D)``, ``key``/``value`` ``(B, Hkv, Lk, D)`` -> ``(out (B, Lq, H, D), weights)`` with
+    ``weights (B, H, Lq, Lk)`` when the model asked for ``output_attentions``, else None.
+    """
+    _refuse_unsupported(module, kwargs, s_aux if s_aux is not None else sinks)
+    mask, bias, q_pos, kv_pos = _mask_and_bias(module, query, key, attention_mask, is_causal)
+    if position_bias is not None:
+        bias = position_bias if bias is None else bias + position_bias
+    want_weights = bool(kwargs.get("output_attentions", False))
+    result = attention(query, key, value, mask, bias=bias, scale=scaling, softcap=softcap,
+                       dropout_p=float(dropout or 0.0), q_positions=q_pos, kv_positions=kv_pos,
+                       backend=getattr(module, "attnkit_backend", "auto"), return_weights=want_weights)
+    out, weights = result if want_weights else (result, None)
+    return out.transpose(1, 2).contiguous(), weights  # (B, Lq, H, D): transformers merges the heads itself
+
+
+def set_backend(model: torch.nn.Module, backend: str = "auto") -> torch.nn.Module:
+    """Run every attention call of ``model`` (loaded with ``attn_implementation="attnkit"``) on ``backend``
+    (``"auto"``, or a name from ``ak.backends.available()``; a backend that can't serve a call raises)."""
+    from attnkit.backends import get
+
+    if backend != "auto":
+        get(backend)  # unknown names fail here, not in the first forward
+    for module in model.modules():
+        module.attnkit_backend = backend
+    return model
+
+
+def _mask_and_bias(module, query, key, attention_mask, is_causal):
+    """``(mask, bias, q_positions, kv_positions)`` for :func:`attnkit.attention` from what the layer passed."""
+    if isinstance(attention_mask, HFMask):
+        return attention_mask.spec, None, attention_mask.q_positions, attention_mask.kv_positions
+    if attention_mask is None:  # a model that builds no mask: causal unless the layer says otherwise (as SDPA)
+        causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
+        return (masks.causal() if causal and query.shape[2] > 1 else None), None, None, None
+    if isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 4:
+        mask = attention_mask[..., : key.shape[2]]  # a user's 4-D mask may be sized for a static cache
+        if mask.dtype == torch.bool:
+            return mask, None, None, None
+        if mask.dtype.is_floating_point:
+            return None, mask.to(torch.float32) if query.dtype != torch.float64 else mask, None, None
+    raise AttnkitTypeError(
+        f"attention_mask must be what the 'attnkit' mask interface builds, None, or a 4-D bool/float tensor, got "
+        f"{describe(attention_mask)}; load the model with attn_implementation='attnkit' (after importing "
+        "attnkit.integrations.hf) so transformers builds its masks through attnkit.")
+
+
+def _refuse_unsupported(module, kwargs: dict, sink_logits) -> None:
+    model = type(module).__name__
+    if sink_logits is not None:
+        raise BackendUnsupportedError(
+            f"{model} uses attention sinks (s_aux: a learned per-head logit that takes probability mass), which "
+            "attnkit does not serve yet; load this model with attn_implementation='eager'.",
+            ["attention sinks (s_aux)"])
+    for name, feature in _REFUSED.items():
+        if kwargs.get(name) is not None:
+            raise BackendUnsupportedError(
+                f"{model} passes {name}={kwargs[name]!r} ({feature}), which attnkit's transformers integration "
+                "does not translate; load this model with attn_implementation='eager' or 'sdpa'.", [feature])

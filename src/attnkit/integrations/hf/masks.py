@@ -1,0 +1,201 @@
+"""Hugging Face masks as attnkit masks: transformers' mask interface, answered with structure, not a 4-D tensor.
+
+transformers builds every mask from a small vocabulary of index functions (``causal_mask_function``,
+``sliding_window_overlay(W)``, ``chunked_overlay(C, left_padding)``, ``padding_mask_function``,
+``packed_sequence_mask_function``, position remapping for packed rows) combined with ``and_masks``/``or_masks``,
+plus a 2-D padding mask and the offsets of the queries and keys in the cache. :func:`mask_interface` is
+registered as the ``"attnkit"`` entry of ``AttentionMaskInterface``: it reads that vocabulary back into an
+``ak.masks`` expression with the positions it is evaluated on, so a sliding window reaches attnkit's router as a
+window (block-skipping backends, an offset band for caches) and a padded batch as ``padding(key_is_real)``.
+
+A function outside the vocabulary (a model's own ``or_mask_function``, image-token overlays) is evaluated by
+transformers' own ``sdpa_mask`` into a dense boolean tensor — still exact, but without structure; ``HFMask.dense_reason``
+says why, and ``ak.explain`` shows ``dense(...)`` for it.
+
+Positions: HF masks are written on cache indices (``q_offset + i``, ``kv_offset + j``). attnkit evaluates
+position masks on the positions it is given, so the queries and keys get those indices as positions (or, for
+packed rows, the ``position_ids`` HF remaps them to); index-based parts (padding, documents) read the call's
+own key and query indices, exactly as HF's do after its offsets.
+
+Shape legend: B batch, Lq queries of this call, Lk keys of this call (cache included).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from attnkit import masks
+from attnkit.errors import AttnkitValueError
+
+_HF_MODULE = "transformers.masking_utils"
+
+
+@dataclass(frozen=True)
+class HFMask:
+    """What the ``"attnkit"`` mask interface hands to the attention function of every layer.
+
+    ``spec`` is an ``ak.masks`` expression (None: every key visible); ``q_positions`` ``(B|1, Lq)`` and
+    ``kv_positions`` ``(B|1, Lk)`` are the positions it is evaluated on (None: attnkit's bottom-right defaults,
+    which they equal). ``dense_reason`` is set when part of the mask had no structured form.
+    """
+
+    spec: masks.MaskSpec | None
+    q_positions: torch.Tensor | None
+    kv_positions: torch.Tensor | None
+    q_len: int
+    kv_len: int
+    dense_reason: str | None = None
+
+    # transformers' modeling code sometimes reads a mask's shape/device (e.g. to slice it); answer like a 4-D mask
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        batch = max(self.spec.batch if self.spec is not None else 1,
+                    *(p.shape[0] for p in (self.q_positions, self.kv_positions) if p is not None))
+        return (batch, 1, self.q_len, self.kv_len)
+
+    @property
+    def ndim(self) -> int:
+        return 4
+
+    def dim(self) -> int:
+        return 4
+
+    def __repr__(self) -> str:
+        return f"HFMask({self.spec!r}, Lq={self.q_len}, Lk={self.kv_len})"
+
+
+def mask_interface(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset=0,
+                   mask_function: Callable = None, attention_mask: torch.Tensor | None = None,
+                   device="cpu", use_vmap: bool = False, **_ignored) -> HFMask:
+    """The ``"attnkit"`` entry of transformers' ``AttentionMaskInterface`` (same keyword arguments as
+    ``sdpa_mask``); returns an :class:`HFMask` for :func:`attnkit.integrations.hf.attention_forward`."""
+    from transformers.masking_utils import causal_mask_function, prepare_padding_mask, sdpa_mask
+
+    q_offset, kv_offset = int(q_offset), int(kv_offset)  # a StaticCache passes a 0-d tensor
+    mask_function = causal_mask_function if mask_function is None else mask_function
+    reader = _Reader(device)
+    spec = reader.read(mask_function)
+    q_idx = torch.arange(q_length, device=device) + q_offset  # (Lq,) cache indices of the queries
+    kv_idx = torch.arange(kv_length, device=device) + kv_offset  # (Lk,)
+    if reader.position_ids is not None:  # packed rows: HF remaps indices to position_ids (Lq == Lk, no cache)
+        q_pos = kv_pos = reader.position_ids.to(device).long().expand(batch_size, -1)  # (B, L)
+    elif kv_offset == 0 and q_offset == kv_length - q_length:
+        q_pos = kv_pos = None  # attnkit's defaults: keys arange(Lk), queries the last Lq of them
+    else:
+        q_pos, kv_pos = q_idx[None], kv_idx[None]  # (1, Lq), (1, Lk)
+    if reader.unknown:
+        why = f"mask function {reader.unknown} has no attnkit form"
+        dense = sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
+                          kv_offset=kv_offset, mask_function=mask_function, attention_mask=None,
+                          allow_is_causal_skip=False, use_vmap=use_vmap, device=device)  # (B, 1, Lq, Lk) bool
+        spec = masks.dense(dense)
+        return _with_padding(HFMask(spec, q_pos, kv_pos, q_length, kv_length, why), attention_mask,
+                             kv_length, kv_offset, prepare_padding_mask)
+    return _with_padding(HFMask(spec, q_pos, kv_pos, q_length, kv_length), attention_mask, kv_length, kv_offset,
+                         prepare_padding_mask)
+
+
+def _with_padding(mask: HFMask, attention_mask, kv_length: int, kv_offset: int, prepare) -> HFMask:
+    """``spec & padding(key_is_real)`` from HF's 2-D mask ``(B, seen + Lq)`` (True = real token)."""
+    if attention_mask is None:
+        return mask
+    padded = prepare(attention_mask.bool(), kv_length, kv_offset)  # (B, >= kv_offset + Lk)
+    key_is_real = padded[:, kv_offset:kv_offset + kv_length]  # (B, Lk) real keys of this call
+    if bool(key_is_real.all()):
+        return mask
+    pad = masks.padding(key_is_real)
+    spec = pad if mask.spec is None else masks.And(mask.spec, pad)
+    return HFMask(spec, mask.q_positions, mask.kv_positions, mask.q_len, mask.kv_len, mask.dense_reason)
+
+
+class _Reader:
+    """Reads a transformers mask function back into an ``ak.masks`` expression (None = all visible)."""
+
+    def __init__(self, device):
+        self.device = device
+        self.position_ids: torch.Tensor | None = None
+        self.unknown: str | None = None
+
+    def read(self, fn: Callable) -> masks.MaskSpec | None:
+        name = _name(fn)
+        cells = _closure(fn)
+        if name == "causal_mask_function":
+            return masks.causal()
+        if name == "bidirectional_mask_function":
+            return None
+        if name in ("and_masks.<locals>.and_mask", "or_masks.<locals>.or_mask"):
+            parts = [self.read(f) for f in cells["mask_functions"]]
+            return _and(parts) if name.startswith("and") else _or(parts)
+        if name == "sliding_window_overlay.<locals>.inner_mask":
+            return _WindowOverlay(int(cells["sliding_window"]))
+        if name == "sliding_window_bidirectional_overlay.<locals>.inner_mask":
+            w = int(cells["sliding_window"])  # |q - kv| <= w
+            return masks.custom(lambda b, h, q, kv: (q - kv).abs() <= w, name=f"two_sided_window({w})")
+        if name == "chunked_overlay.<locals>.inner_mask":
+            return _chunked(int(cells["chunk_size"]), cells["left_padding"])
+        if name == "padding_mask_function.<locals>.inner_mask":
+            real = cells["padding_mask"]
+            return masks.custom(lambda b, h, q, kv: real.to(kv.device)[b, kv], name="padding_by_index")
+        if name == "packed_sequence_mask_function.<locals>.inner_mask":
+            return masks.document(cells["packed_sequence_mask"])
+        if name == "remap_positions_for_packed_sequence.<locals>.inner_mask":
+            self.position_ids = cells["position_ids"]
+            return self.read(cells["mask_function"])
+        self.unknown = self.unknown or name
+        return None
+
+
+def _name(fn: Callable) -> str:
+    if getattr(fn, "__module__", None) != _HF_MODULE:
+        return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+    return fn.__qualname__
+
+
+def _closure(fn: Callable) -> dict:
+    code = getattr(fn, "__code__", None)
+    if code is None or not fn.__closure__:
+        return {}
+    return {name: cell.cell_contents for name, cell in zip(code.co_freevars, fn.__closure__)}
+
+
+class _WindowOverlay(masks.Custom):
+    """HF's ``sliding_window_overlay(W)``: keys newer than ``q - W`` (not causal by itself). Inside an ``and``
+    with ``causal`` it becomes ``ak.masks.sliding_window(W)``."""
+
+    def __init__(self, window: int):
+        self.window = window
+        super().__init__(lambda b, h, q, kv: kv > q - window, name=f"window_overlay({window})")
+
+
+def _and(parts: list) -> masks.MaskSpec | None:
+    parts = [p for p in parts if p is not None]
+    overlays = [p for p in parts if isinstance(p, _WindowOverlay)]
+    causal = [p for p in parts if isinstance(p, masks.Causal)]
+    if overlays and causal:  # sliding_window_causal_mask_function: overlay & causal == sliding_window(W)
+        window = min(o.window for o in overlays)
+        parts = [masks.sliding_window(window)] + [p for p in parts if not isinstance(p, (_WindowOverlay, masks.Causal))]
+    if not parts:
+        return None
+    return parts[0] if len(parts) == 1 else masks.And(*parts)
+
+
+def _or(parts: list) -> masks.MaskSpec | None:
+    if any(p is None for p in parts):
+        return None  # one part lets everything through
+    return parts[0] if len(parts) == 1 else masks.Or(*parts)
+
+
+def _chunked(chunk: int, left_padding: torch.Tensor) -> masks.MaskSpec:
+    """HF's ``chunked_overlay``: keys of the query's chunk, chunks counted from each row's first real token."""
+    lp = torch.as_tensor(left_padding).long().reshape(-1)  # (B,)
+    if chunk <= 0:
+        raise AttnkitValueError(f"attention_chunk_size must be >= 1, got {chunk}; fix the model config.")
+
+    def same_chunk(b, h, q, kv):
+        shift = lp.to(q.device)[b]
+        return torch.div(kv - shift, chunk, rounding_mode="floor") == torch.div(q - shift, chunk, rounding_mode="floor")
+
+    return masks.custom(same_chunk, name=f"chunked({chunk})")

@@ -1,0 +1,109 @@
+"""Edge inputs at the front door (issue 16 items 4, 8, 10, 20, 22): each is refused with a typed error naming
+the argument, or served correctly on every backend — never a silent wrong answer or a crash.
+
+flex runs here only where it can (CUDA, or CPU inference with compiling allowed); the other backends always.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import attnkit as ak
+from attnkit.errors import AttnkitTypeError, AttnkitValueError
+
+M = ak.masks
+BACKENDS = [b for b in ak.backends.available() if b != "flex"]
+
+
+# ---------------------------------------------------------------- item 4: causal with Lq > Lk, default positions
+
+
+@pytest.mark.parametrize("backend", ["auto", *BACKENDS])
+@pytest.mark.parametrize("mask", [M.causal(), M.sliding_window(2), M.padding([2]) & M.causal(),
+                                  M.global_tokens([0]) | M.strided(2)], ids=repr)
+def test_positional_mask_with_more_queries_than_keys_raises_like_picture(mask, backend):
+    q, k, v = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8)
+    with pytest.raises(AttnkitValueError, match="q_positions length 5 exceeds kv_positions length 3") as picture:
+        mask.picture(5, 3)
+    with pytest.raises(type(picture.value), match=r"q_positions length 5 exceeds kv_positions length 3.*"
+                                                  r"reads positions; pass q_positions="):
+        ak.attention(q, k, v, mask, backend=backend)
+
+
+def test_structured_bias_with_more_queries_than_keys_raises():
+    q, k = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 3, 8)
+    with pytest.raises(AttnkitValueError, match="bias ALiBi reads positions"):
+        ak.attention(q, k, k, bias=ak.positions.ALiBi(2))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_more_queries_than_keys_still_serves_what_is_well_defined(backend):
+    """Index-based masks (cross-attention with key padding) and explicit positions need no default alignment."""
+    q, k, v = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8)
+    golden = ak.attention(q.double(), k.double(), v.double(), M.padding([2]), backend="math")
+    out = ak.attention(q, k, v, M.padding([2]), backend=backend)
+    torch.testing.assert_close(out.double(), golden, atol=1e-5, rtol=1e-5)
+    pos = {"q_positions": torch.arange(5), "kv_positions": torch.arange(3)}
+    golden = ak.attention(q.double(), k.double(), v.double(), M.causal(), backend="math", **pos)
+    torch.testing.assert_close(ak.attention(q, k, v, M.causal(), backend=backend, **pos).double(), golden,
+                               atol=1e-5, rtol=1e-5)
+
+
+# ---------------------------------------------------------------- item 8: dense mask for the wrong heads
+
+
+@pytest.mark.parametrize("backend", ["auto", *ak.backends.available()])
+@pytest.mark.parametrize("wrap", [lambda t: M.dense(t), lambda t: M.causal() & M.dense(t)], ids=["dense", "and"])
+def test_dense_mask_for_the_wrong_number_of_heads_is_a_typed_error(backend, wrap):
+    q = torch.randn(1, 4, 4, 8)
+    mask = wrap(torch.ones(1, 3, 4, 4, dtype=torch.bool))
+    with torch.no_grad(), pytest.raises(AttnkitValueError, match=r"dense\(1, 3, 4, 4\)\)? holds data for batch 1 and 3 "
+                                                                  r"heads.*\(B, H, Lq, Lk\)=\(1, 4, 4, 4\)"):
+        ak.attention(q, q, q, mask, backend=backend)
+
+
+def test_mask_data_for_the_wrong_batch_is_a_typed_error_at_validation():
+    q = torch.randn(3, 2, 4, 8)
+    with pytest.raises(AttnkitValueError, match=r"padding\(lengths=\[1, 2\]\) holds data for batch 2.*B=3"):
+        ak.explain(q, q, q, M.padding([1, 2]))
+
+
+# ---------------------------------------------------------------- item 10: small coercions
+
+
+@pytest.mark.parametrize("positions", [[1.5], torch.tensor([2.0]), [True]])
+def test_global_tokens_refuses_non_integer_positions(positions):
+    with pytest.raises(AttnkitTypeError, match="global_tokens positions must be ints"):
+        M.global_tokens(positions)
+
+
+@pytest.mark.parametrize("value", ["no", 1, None])
+def test_return_weights_must_be_a_bool(value):
+    q = torch.randn(1, 1, 3, 4)
+    with pytest.raises(AttnkitTypeError, match=f"return_weights must be True or False, got {value!r}"):
+        ak.attention(q, q, q, return_weights=value)
+
+
+# ---------------------------------------------------------------- item 22: global tokens far away
+
+
+def _largest_allocation(fn) -> int:
+    """The largest single CPU allocation (bytes) made while ``fn`` runs, from the profiler."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    return max((e.cpu_memory_usage for e in prof.events() if e.cpu_memory_usage > 0), default=0)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_global_tokens_memory_does_not_grow_with_the_largest_position(backend):
+    q = torch.randn(1, 1, 16, 8)
+    mask = M.global_tokens([0, 10**8]) | M.sliding_window(2)  # main allocated a 100 MB table for this
+    golden = ak.attention(q.double(), q.double(), q.double(), M.global_tokens([0]) | M.sliding_window(2),
+                          backend="math")
+    out = ak.attention(q, q, q, mask, backend=backend)
+    torch.testing.assert_close(out.double(), golden, atol=1e-5, rtol=1e-5)
+    biggest = _largest_allocation(lambda: ak.attention(q, q, q, mask, backend=backend))
+    assert biggest < 1 << 20, f"largest allocation {biggest} bytes for a 16-token call"
+    far = M.global_tokens([10**11])  # a 100 GB table on main
+    assert ak.attention(q, q, q, far & M.causal(), backend=backend).shape == (1, 1, 16, 8)

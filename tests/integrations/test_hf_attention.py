@@ -1,0 +1,249 @@
+"""attn_implementation="attnkit" against transformers' own eager/sdpa attention, on tiny configs of each family.
+
+Compared on real tokens only (a padding query's output is undefined in every implementation), fp32, max abs
+diff <= 1e-5 as the issue asks.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hf_tiny import DECODERS, FAMILIES, VOCAB, WINDOW, baseline, build
+
+from attnkit import masks
+from attnkit._hooks import add_observer, remove_observer
+from attnkit.errors import AttnkitTypeError, BackendUnsupportedError
+from attnkit.integrations.hf import set_backend
+
+TOL = 1e-5
+L = 13  # > WINDOW
+
+
+def _batch(padding: str, batch: int = 3, length: int = L):
+    ids = torch.randint(3, VOCAB, (batch, length))
+    am = torch.ones(batch, length, dtype=torch.long)
+    for row, n_pad in enumerate([0, 4, 7][:batch]):
+        if n_pad and padding == "right":
+            am[row, length - n_pad:] = 0
+        elif n_pad and padding == "left":
+            am[row, :n_pad] = 0
+    ids = ids.masked_fill(am == 0, 0)
+    return ids, am
+
+
+def _out(model, ids, am, **kw):
+    with torch.no_grad():
+        out = model(input_ids=ids, attention_mask=am, **kw)
+    return out.logits if hasattr(out, "logits") else out.last_hidden_state
+
+
+class Seen:
+    """Records the attnkit calls (their masks and positions) made while it is active."""
+
+    def __init__(self):
+        self.calls = []
+
+    def __enter__(self):
+        add_observer(self._observe)
+        return self
+
+    def __exit__(self, *exc):
+        remove_observer(self._observe)
+
+    def _observe(self, call, result):
+        self.calls.append(call)
+
+
+def _kinds(spec) -> set[str]:
+    if spec is None:
+        return set()
+    if isinstance(spec, (masks.And, masks.Or)):
+        return set().union(*(_kinds(p) for p in spec.parts))
+    return {type(spec).__name__}
+
+
+def _compare(family: str, ids, am, **kw):
+    ref_model = build(family, baseline(family))
+    model = build(family, "attnkit")
+    model.load_state_dict(ref_model.state_dict())
+    want = _out(ref_model, ids, am, **kw)
+    with Seen() as seen:
+        got = _out(model, ids, am, **kw)
+    real = am.bool()
+    err = (got - want)[real].abs().max().item()
+    assert err <= TOL, f"{family}: attnkit vs {baseline(family)} max abs diff {err:.3g} > {TOL}"
+    assert seen.calls, f"{family}: no attention call reached attnkit"
+    return seen.calls
+
+
+@pytest.mark.parametrize("padding", ["right", "left"])
+@pytest.mark.parametrize("family", list(FAMILIES))
+def test_matches_transformers(family, padding):
+    ids, am = _batch(padding)
+    calls = _compare(family, ids, am)
+    kinds = set().union(*(_kinds(c.mask) for c in calls))
+    assert "Padding" in kinds, f"{family}: padding did not reach attnkit as a padding mask: {kinds}"
+    assert "Dense" not in kinds, f"{family}: a mask reached attnkit as a dense tensor: {kinds}"
+    if family in ("mistral", "qwen2", "gemma2"):
+        windows = {p.window for c in calls for p in _parts(c.mask) if isinstance(p, masks.SlidingWindow)}
+        assert windows == {WINDOW}, f"{family}: sliding window did not reach attnkit as a window: {kinds}"
+
+
+def _parts(spec):
+    if isinstance(spec, (masks.And, masks.Or)):
+        for p in spec.parts:
+            yield from _parts(p)
+    elif spec is not None:
+        yield spec
+
+
+def test_gemma2_alternates_window_and_full_layers_with_softcap():
+    ids, am = _batch("right")
+    calls = _compare("gemma2", ids, am)
+    windows = [any(isinstance(p, masks.SlidingWindow) for p in _parts(c.mask)) for c in calls]
+    assert windows == [True, False], f"Gemma 2 layer types are sliding, full; attnkit saw windows {windows}"
+    assert {c.softcap for c in calls} == {5.0}, "Gemma 2's attention softcap did not reach attnkit"
+
+
+def test_qwen2_sliding_layers_from_max_window_layers():
+    calls = _compare("qwen2", *_batch("left"))
+    windows = [any(isinstance(p, masks.SlidingWindow) for p in _parts(c.mask)) for c in calls]
+    assert windows == [False, True, True], f"Qwen2 windows by layer: {windows}"
+
+
+def test_gqa_keys_reach_attnkit_unrepeated():
+    calls = _compare("llama", *_batch("right"))
+    assert {(c.num_heads, c.num_kv_heads) for c in calls} == {(4, 2)}
+
+
+def test_rope_scaling_beyond_original_context():
+    length = 40  # original_max_position_embeddings = 8
+    ids, am = _batch("right", length=length)
+    _compare("llama-rope-scaled", ids, am)
+
+
+def test_no_padding_plain_causal_is_a_causal_mask_on_default_positions():
+    ids, am = _batch("right", batch=1)
+    calls = _compare("llama", ids, am)
+    assert all(isinstance(c.mask, masks.Causal) and c.default_positions for c in calls)
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_packed_rows_equal_separate_sequences(family):
+    """Position ids that restart mark packed documents: each must see only itself, as if run alone."""
+    lengths = [4, 6, 3]
+    ids = torch.randint(3, VOCAB, (1, sum(lengths)))
+    position_ids = torch.cat([torch.arange(n) for n in lengths])[None]
+    model = build(family, "attnkit")
+    with torch.no_grad(), Seen() as seen:
+        packed = model(input_ids=ids, position_ids=position_ids, use_cache=False).logits  # HF packs without a cache
+        model.set_attn_implementation("eager")
+        start, pieces = 0, []
+        for n in lengths:
+            pieces.append(model(input_ids=ids[:, start:start + n]).logits)
+            start += n
+    separate = torch.cat(pieces, dim=1)
+    err = (packed - separate).abs().max().item()
+    assert err <= TOL, f"{family}: packed rows through attnkit vs separate eager runs: {err:.3g}"
+    assert any("Document" in _kinds(c.mask) for c in seen.calls), "packing did not reach attnkit as documents"
+
+
+@pytest.mark.parametrize("family", DECODERS)
+def test_greedy_generate_matches_sdpa(family):
+    ids, am = _batch("left", batch=2, length=7)
+    ref_model = build(family, baseline(family))
+    model = build(family, "attnkit")
+    model.load_state_dict(ref_model.state_dict())
+    if family == "gemma2":  # softcap routes to flex on CPU, which compiles once per decode length (minutes)
+        set_backend(model, "math")
+    kw = {"max_new_tokens": 32, "do_sample": False, "pad_token_id": 0, "eos_token_id": None}
+    with torch.no_grad():
+        want = ref_model.generate(input_ids=ids, attention_mask=am, **kw)
+        got = model.generate(input_ids=ids, attention_mask=am, **kw)
+    assert got.shape == want.shape == (2, 7 + 32)
+    assert torch.equal(got, want), f"{family}: greedy tokens differ at {(got != want).nonzero()[:5].tolist()}"
+
+
+def test_existing_model_switches_and_explains():
+    import attnkit as ak
+
+    model = build("mistral", "sdpa")
+    model.set_attn_implementation("attnkit")
+    ids, am = _batch("right", batch=2)
+    with Seen() as seen:
+        _out(model, ids, am)
+    call = seen.calls[0]
+    text = str(ak.explain(call.q, call.k, call.v, call.mask, q_positions=call.q_positions,
+                          kv_positions=call.kv_positions))
+    assert "sliding_window(5)" in text and "padding" in text, text
+
+
+def test_output_attentions_returns_attnkit_weights():
+    model = build("llama", "attnkit")
+    ref = build("llama", "eager")
+    ref.load_state_dict(model.state_dict())
+    ids, am = _batch("right", batch=2)
+    with torch.no_grad():
+        got = model(input_ids=ids, attention_mask=am, output_attentions=True).attentions
+        want = ref(input_ids=ids, attention_mask=am, output_attentions=True).attentions
+    for g, w in zip(got, want):
+        real = am.bool()[:, None, :, None].expand_as(g)
+        err = (g - w)[real].abs().max().item()
+        assert err <= TOL, f"weights differ by {err:.3g}"
+
+
+def test_unknown_mask_function_is_exact_but_dense_with_a_reason():
+    from transformers.masking_utils import create_causal_mask
+
+    model = build("llama", "attnkit")
+    embeds = torch.randn(1, 6, 32)
+
+    def first_token_global(b, h, q, kv):  # an overlay outside transformers' vocabulary
+        return kv == 0
+
+    mask = create_causal_mask(model.config, embeds, None, None, or_mask_function=first_token_global)
+    assert mask.dense_reason and "first_token_global" in mask.dense_reason
+    want = torch.tril(torch.ones(6, 6, dtype=torch.bool))
+    want[:, 0] = True
+    assert torch.equal(mask.spec.to_dense(6)[0, 0], want)
+
+
+def test_attention_sinks_are_refused_with_the_feature_named():
+    from attnkit.integrations.hf import attention_forward
+
+    q = k = v = torch.randn(1, 2, 3, 4)
+    with pytest.raises(BackendUnsupportedError, match=r"attention sinks \(s_aux"):
+        attention_forward(torch.nn.Module(), q, k, v, None, s_aux=torch.zeros(2))
+
+
+def test_per_call_window_size_is_refused():
+    from attnkit.integrations.hf import attention_forward
+
+    q = k = v = torch.randn(1, 2, 3, 4)
+    with pytest.raises(BackendUnsupportedError, match=r"window_size=\(2, 2\)"):
+        attention_forward(torch.nn.Module(), q, k, v, None, window_size=(2, 2))
+
+
+def test_foreign_mask_object_is_a_type_error():
+    from attnkit.integrations.hf import attention_forward
+
+    q = k = v = torch.randn(1, 2, 3, 4)
+    with pytest.raises(AttnkitTypeError, match="attention_mask must be what the 'attnkit' mask interface builds"):
+        attention_forward(torch.nn.Module(), q, k, v, [[1, 1, 1]])
+
+
+def test_user_4d_masks_bool_and_float():
+    from attnkit.integrations.hf import attention_forward
+    from attnkit.functional.reference import reference_attention
+
+    q, k, v = (torch.randn(2, 4, 5, 8, dtype=torch.float64) for _ in range(3))
+    allowed = torch.rand(2, 1, 5, 5) > 0.3
+    allowed[..., 0] = True
+    out, _ = attention_forward(torch.nn.Module(), q, k, v, allowed)
+    want = reference_attention(q, k, v, allowed)
+    assert (out.transpose(1, 2) - want).abs().max() < 1e-12
+    q, k, v = q.float(), k.float(), v.float()
+    additive = torch.where(allowed, 0.0, torch.finfo(torch.float32).min)  # as transformers' eager_mask builds it
+    out, _ = attention_forward(torch.nn.Module(), q, k, v, additive)
+    err = (out.transpose(1, 2).double() - want).abs().max().item()
+    assert err < 1e-5, f"additive 4-D mask: {err:.3g}"

@@ -1,0 +1,110 @@
+"""Layering you can test: a module imports only its own level or below (docs/architecture.md draws them).
+
+Every ``import`` in ``src/attnkit`` (module level and inside functions) is read with ``ast``; the importing and
+the imported module are mapped to their top-level part (``attnkit.backends.sdpa`` -> ``backends``), and a part
+may import a part of its own level or a lower one. A new top-level part must be given a level here.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import attnkit
+
+SRC = Path(attnkit.__file__).parent
+
+#: level of each top-level part of the package; imports go to the same level or lower, never up
+LEVELS = {
+    "errors": 0, "_checks": 0, "_hooks": 0, "_bias": 0, "_timing": 0,
+    "masks": 1, "positions": 1, "functional": 1, "_validation": 1,
+    "backends": 2, "cache": 2,
+    "nn": 3,
+    "models": 4, "integrations": 4, "distributed": 4,
+    "training": 5,
+    "diagnostics": 6,
+    "bench": 7, "labs": 7,
+    "cli": 8, "__main__": 8, "__init__": 8,
+}
+
+#: the package root (``import attnkit``) re-exports parts up to the diagnostics: only this level and above may use it
+ROOT_MIN_LEVEL = 6
+
+#: same- or lower-level imports the design still forbids: (importer prefix, imported prefix, why)
+FORBIDDEN = [
+    ("attnkit.training", "attnkit.bench", "the trainer must not depend on the benchmarks (shared timing: attnkit._timing)"),
+]
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(SRC.parent).with_suffix("")
+    return ".".join(rel.parts)
+
+
+def _imports(path: Path) -> list[tuple[int, str]]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    package = _module_name(path).rsplit(".", 1)[0] if path.name != "__init__.py" else _module_name(path)
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative import: resolve against this module's package
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module or ""
+            if name == "attnkit":  # `from attnkit import backends` names the parts themselves
+                found += [(node.lineno, f"attnkit.{alias.name}") for alias in node.names]
+            else:
+                found.append((node.lineno, name))
+    return [(line, name) for line, name in found if name == "attnkit" or name.startswith("attnkit.")]
+
+
+def _part(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "__init__"
+    return parts[1].removesuffix("/__init__")
+
+
+FILES = sorted(SRC.rglob("*.py"))
+
+
+def test_every_part_has_a_level():
+    parts = {_part(_module_name(f)) for f in FILES}
+    missing = sorted(parts - LEVELS.keys())
+    assert not missing, f"give these top-level parts a level in tests/test_layering.py LEVELS: {missing}"
+
+
+@pytest.mark.parametrize("path", FILES, ids=lambda p: str(p.relative_to(SRC)))
+def test_imports_go_down(path):
+    importer = _module_name(path)
+    mine = LEVELS.get(_part(importer))
+    upward = []
+    for line, name in _imports(path):
+        theirs = LEVELS.get(_part(name))
+        if name == "attnkit":  # the root facade re-exports the diagnostics: only their level and above use it
+            if mine is not None and mine < ROOT_MIN_LEVEL:
+                upward.append(f"line {line}: imports the package root 'attnkit' from level {mine}; import the part")
+        elif mine is not None and theirs is not None and theirs > mine:
+            upward.append(f"line {line}: {name} (level {theirs}) from level {mine}")
+        for src, dst, why in FORBIDDEN:
+            if importer.startswith(src) and name.startswith(dst):
+                upward.append(f"line {line}: {name}: {why}")
+    assert not upward, f"{importer} imports upward:\n  " + "\n  ".join(upward) + (
+        "\nMove the shared code down a level (or pass it in: e.g. the CLI hands the trainer a monitor callback).")
+
+
+def test_the_reader_sees_every_import_form(tmp_path, monkeypatch):
+    # the checker itself can fail: absolute, relative, `from attnkit import part` and in-function imports
+    fake = tmp_path / "attnkit" / "training" / "fake.py"
+    fake.parent.mkdir(parents=True)
+    fake.write_text("import attnkit.bench.common\nfrom ..diagnostics import doctor\nfrom attnkit import labs\n"
+                    "def f():\n    from attnkit.cli import main\n")
+    monkeypatch.setattr(__import__(__name__), "SRC", tmp_path / "attnkit")
+    names = [name for _, name in _imports(fake)]
+    assert names == ["attnkit.bench.common", "attnkit.diagnostics", "attnkit.labs", "attnkit.cli"]
+    assert all(LEVELS[_part(n)] > LEVELS["training"] for n in names)
