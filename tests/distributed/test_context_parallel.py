@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from cp_harness import NAMES, build, cotangents, spawn
 
-import attnkit as ak
 from attnkit._validation import build_call
 from attnkit.functional.reference import reference_attention, scores_of
-from cp_harness import NAMES, build, cotangents, spawn
 from oracle import assert_within_rule
 
 WORLDS = (2, 4)
