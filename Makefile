@@ -15,8 +15,10 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(VENV)/bin/attnkit train --preset tiny --minutes 3 --samples --run-dir runs/demo --overwrite
+	$(VENV)/bin/attnkit report runs/demo --text "def forward(self, x): return self.attention(x) + x"
 
 test: $(STAMP)
+	@sh scripts/install-test-browser.sh
 	$(PY) -m pytest -n 2 -q
 
 lint: $(STAMP)

@@ -11,6 +11,8 @@ import torch
 from torch import nn
 
 import attnkit as ak
+from attnkit.models.builders import lm_config
+from attnkit.models.lm import TransformerLM
 
 # ------------------------------------------------------------------ bare attention functions f(q, k, v, mask)
 
@@ -124,49 +126,34 @@ class TinyCache:
         return 0 if self.k is None else self.k.shape[2]
 
 
-class TinyDecoder(nn.Module):
-    """Learned positions, pre-norm attention + MLP blocks through ``ak.attention``, and a cache.
+class TinyDecoder(TransformerLM):
+    """A builder call (the ``nano`` preset: learned positions, pre-norm blocks through ``ak.attention``, a cache)
+    with one part swapped per bug, the way people actually write them.
 
-    ``bug``: None, "causal-off-by-one", "padding-leak", "cache-drift", "missing-scale".
+    ``bug``: None, "causal-off-by-one" (the layers' mask pattern sees the next token), "padding-leak" (the
+    padding mask is dropped), "cache-drift" (positions restart at every cached call), "missing-scale"
+    (attention's scale is 1 instead of 1/sqrt(D)).
     """
 
     def __init__(self, vocab: int = 61, dim: int = 32, heads: int = 4, layers: int = 2, bug: str | None = None):
-        super().__init__()
-        self.embed = nn.Embedding(vocab, dim)
-        nn.init.normal_(self.embed.weight, std=0.02)
-        self.pos = nn.Embedding(64, dim)
-        nn.init.normal_(self.pos.weight, std=0.02)
-        self.heads, self.bug = heads, bug
-        self.norms = nn.ModuleList(nn.LayerNorm(dim) for _ in range(layers))
-        self.qkv = nn.ModuleList(nn.Linear(dim, 3 * dim) for _ in range(layers))
-        self.proj = nn.ModuleList(nn.Linear(dim, dim) for _ in range(layers))
-        self.head = nn.Linear(dim, vocab)
+        super().__init__(lm_config("nano", vocab_size=vocab, dim=dim, n_heads=heads, n_layers=layers,
+                                   positions="learned", max_seq_len=64, bias=True, tie_embeddings=False))
+        self.bug = bug
+        for block in self.blocks:
+            if bug == "causal-off-by-one":
+                block.mask = ak.masks.custom(lambda b, h, qp, kp: kp <= qp + 1, "off_by_one")
+            if bug == "missing-scale":
+                block.attn.scale = 1.0  # forgot / sqrt(d_k)
 
-    def new_cache(self, batch_size: int, **_):
-        return [TinyCache() for _ in self.qkv]
+    def mask(self, *, key_is_real=None, **kwargs):
+        return super().mask(key_is_real=None if self.bug == "padding-leak" else key_is_real, **kwargs)
 
-    def forward(self, tokens, *, positions=None, cache=None, key_is_real=None):
-        B, L = tokens.shape
-        start = cache[0].length if cache is not None else 0
-        if positions is None or (self.bug == "cache-drift" and cache is not None):
-            positions = torch.arange(start, start + L)[None]  # (1, L)
-            if self.bug == "cache-drift":
-                positions = torch.arange(L)[None]  # forgets the cached tokens: positions restart every call
-        x = self.embed(tokens) + self.pos(positions)  # (B, L, E)
-        if self.bug == "causal-off-by-one":
-            mask = ak.masks.custom(lambda b, h, qp, kp: kp <= qp + 1, "off_by_one")
-        else:
-            mask = ak.masks.causal()
-        if key_is_real is not None and self.bug != "padding-leak":
-            mask = mask & ak.masks.padding(key_is_real)
-        for i, (norm, qkv, proj) in enumerate(zip(self.norms, self.qkv, self.proj)):
-            E = x.shape[-1]
-            q, k, v = qkv(norm(x)).split(E, dim=-1)
-            q, k, v = (t.view(B, L, self.heads, E // self.heads).transpose(1, 2) for t in (q, k, v))  # (B, H, L, D)
-            kv_pos = positions
-            if cache is not None:
-                k, v, kv_pos = cache[i].update(k, v, positions.expand(B, -1))
-            out = ak.attention(q, k, v, mask, q_positions=positions.expand(B, -1), kv_positions=kv_pos.expand(B, -1),
-                               scale=1.0 if self.bug == "missing-scale" else None)
-            x = x + proj(out.transpose(1, 2).reshape(B, L, E))  # (B, L, E)
-        return self.head(x)  # (B, L, V)
+    def new_cache(self, batch_size: int, **kwargs):
+        if self.bug == "cache-drift":
+            return [TinyCache() for _ in self.blocks]  # a plain cache that doesn't check positions continue
+        return super().new_cache(batch_size, **kwargs)
+
+    def forward(self, tokens, *, positions=None, cache=None, key_is_real=None, **kwargs):
+        if self.bug == "cache-drift" and cache is not None:
+            positions = torch.arange(tokens.shape[1])[None]  # forgets the cached tokens: positions restart
+        return super().forward(tokens, positions=positions, cache=cache, key_is_real=key_is_real, **kwargs)

@@ -247,3 +247,29 @@ def test_user_4d_masks_bool_and_float():
     out, _ = attention_forward(torch.nn.Module(), q, k, v, additive)
     err = (out.transpose(1, 2).double() - want).abs().max().item()
     assert err < 1e-5, f"additive 4-D mask: {err:.3g}"
+
+
+def test_gpt_oss_sinks_refused_through_the_model():
+    """gpt-oss passes its learned sink logits (s_aux) to every attention call: refused by name, not dropped."""
+    from hf_tiny import tf
+
+    cfg = tf.GptOssConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=2,
+                          num_experts_per_tok=1, sliding_window=4, max_position_embeddings=64,
+                          rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    model = tf.GptOssForCausalLM(cfg).eval()
+    model.set_attn_implementation("attnkit")
+    with pytest.raises(BackendUnsupportedError, match=r"GptOssAttention uses attention sinks \(s_aux"):
+        model(torch.randint(0, VOCAB, (1, 6)))
+
+
+def test_training_gradients_match_sdpa_with_a_window_and_dropout_off():
+    ref = build("mistral", "sdpa").train()
+    model = build("mistral", "attnkit").train()
+    model.load_state_dict(ref.state_dict())
+    ids = torch.randint(3, VOCAB, (2, 24))
+    for m in (ref, model):
+        m(input_ids=ids, labels=ids, use_cache=False).loss.backward()
+    for (name, a), (_, b) in zip(ref.named_parameters(), model.named_parameters()):
+        err = (a.grad - b.grad).abs().max().item()
+        assert err <= TOL, f"grad of {name}: attnkit vs sdpa {err:.3g}"

@@ -225,3 +225,12 @@ def test_injected_rotary_and_qk_norm_are_applied_in_order():
     torch.testing.assert_close(q, -nn.functional.rms_norm(q0, (4,), mha.q_norm.weight))
     torch.testing.assert_close(k, -nn.functional.rms_norm(k0, (4,), mha.k_norm.weight))
     torch.testing.assert_close(v, v0)
+
+
+def test_qk_norm_with_rope_rotates_keys_at_their_own_positions():
+    """QK-norm takes the unfused rotary path: keys must still turn at the given positions (a cache's decode step
+    gives positions far from arange)."""
+    torch.manual_seed(0)
+    mha = ak.nn.MultiHeadAttention(16, 4, positions="rope", q_norm=nn.RMSNorm(4), k_norm=nn.RMSNorm(4)).double()
+    x = torch.randn(1, 6, 16, dtype=torch.float64)
+    torch.testing.assert_close(mha(x, M.causal()), mha(x, M.causal(), positions=torch.arange(6) + 50))

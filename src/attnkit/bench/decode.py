@@ -22,73 +22,40 @@ from torch import nn
 
 import attnkit as ak
 from attnkit.bench.common import RESULTS_DIR, matmul_peak_gflops, round_robin, write_results
-from attnkit.cache import make_cache
-from attnkit.models.generation import generate, padding_by_position, stream_generate
+from attnkit.models.builders import build_lm
+from attnkit.models.generation import generate, stream_generate
+from attnkit.models.lm import TransformerLM
 
 
-class GPT2Block(nn.Module):
-    def __init__(self, dim: int, heads: int, positions: str | None):
-        super().__init__()
-        self.ln_1, self.ln_2 = nn.LayerNorm(dim), nn.LayerNorm(dim)
-        self.attn = ak.nn.MultiHeadAttention(dim, heads, positions=positions)
-        self.fc, self.proj = nn.Linear(dim, 4 * dim), nn.Linear(4 * dim, dim)
-
-    def forward(self, x, mask, positions, cache):
-        x = x + self.attn(self.ln_1(x), mask, positions=positions, cache=cache)
-        return x + self.proj(F.gelu(self.fc(self.ln_2(x)), approximate="tanh"))
-
-
-class GPT2Decoder(nn.Module):
-    """GPT-2 (pre-norm, learned positions, tied head) from attnkit modules; implements the decoder protocol.
+def gpt2_decoder(vocab: int = 8192, dim: int = 512, layers: int = 4, heads: int = 8, max_positions: int = 1024,
+                 positions: str = "learned", window: int | None = None) -> TransformerLM:
+    """GPT-2 (pre-norm LayerNorm, biases, tanh-GELU MLP, learned positions, tied head) as a builder call.
 
     ``positions="rope"`` replaces the learned table (for contexts beyond ``max_positions``); ``window`` makes
     every layer a sliding window of that many keys.
     """
+    return build_lm("nano", vocab_size=vocab, dim=dim, n_layers=layers, n_heads=heads, max_seq_len=max_positions,
+                    positions=positions, window=window, bias=True, mlp="gelu", tie_embeddings=True).eval()
 
-    def __init__(self, vocab: int = 8192, dim: int = 512, layers: int = 4, heads: int = 8, max_positions: int = 1024,
-                 positions: str = "learned", window: int | None = None):
-        super().__init__()
-        self.heads, self.window = heads, window
-        self.wte = nn.Embedding(vocab, dim)
-        self.wpe = nn.Embedding(max_positions, dim) if positions == "learned" else None
-        self.blocks = nn.ModuleList([GPT2Block(dim, heads, None if positions == "learned" else positions)
-                                     for _ in range(layers)])
-        self.ln_f = nn.LayerNorm(dim)
-        self.mask = ak.masks.sliding_window(window) if window else ak.masks.causal()
 
-    def forward(self, tokens, *, positions=None, cache=None, key_is_real=None):
-        B, L = tokens.shape
-        positions = torch.arange(L, device=tokens.device)[None] if positions is None else positions  # (B|1, L)
-        x = self.wte(tokens)  # (B, L, E)
-        if self.wpe is not None:
-            x = x + self.wpe(positions.clamp(min=0))  # left pads sit at negative positions
-        mask = self.mask if key_is_real is None else self.mask & padding_by_position(key_is_real, positions)
-        for i, block in enumerate(self.blocks):
-            x = block(x, mask, positions, None if cache is None else cache[i])
-        return F.linear(self.ln_f(x), self.wte.weight)  # (B, L, V), tied head
-
-    def new_cache(self, batch_size, *, kind="dynamic", max_length=None):
-        w, attn = self.wte.weight, self.blocks[0].attn
-        return [make_cache(kind, batch_size, attn.num_kv_heads, attn.head_dim, max_length=max_length,
-                           window=self.window, dtype=w.dtype, device=w.device) for _ in self.blocks]
-
-    @classmethod
-    def from_hf(cls, hf) -> GPT2Decoder:
-        """Copy the weights of a transformers ``GPT2LMHeadModel`` (its Conv1D weights are stored (in, out))."""
-        c = hf.config
-        model = cls(c.vocab_size, c.n_embd, c.n_layer, c.n_head, c.n_positions)
-        with torch.no_grad():
-            model.wte.weight.copy_(hf.transformer.wte.weight)
-            model.wpe.weight.copy_(hf.transformer.wpe.weight)
-            model.ln_f.load_state_dict(hf.transformer.ln_f.state_dict())
-            for ours, theirs in zip(model.blocks, hf.transformer.h):
-                ours.ln_1.load_state_dict(theirs.ln_1.state_dict())
-                ours.ln_2.load_state_dict(theirs.ln_2.state_dict())
-                for linear, conv in ((ours.attn.qkv_proj, theirs.attn.c_attn), (ours.attn.out_proj, theirs.attn.c_proj),
-                                     (ours.fc, theirs.mlp.c_fc), (ours.proj, theirs.mlp.c_proj)):
-                    linear.weight.copy_(conv.weight.t())  # Conv1D (in, out) -> Linear (out, in)
-                    linear.bias.copy_(conv.bias)
-        return model.eval()
+def gpt2_from_hf(hf) -> TransformerLM:
+    """The builder's GPT-2 with the weights of a transformers ``GPT2LMHeadModel`` (Conv1D weights are stored
+    ``(in, out)``). The benchmark's own copy until the integrations' converter serves it."""
+    c = hf.config
+    model = gpt2_decoder(c.vocab_size, c.n_embd, c.n_layer, c.n_head, c.n_positions)
+    t = hf.transformer
+    with torch.no_grad():
+        model.embed.weight.copy_(t.wte.weight)
+        model.pos_embed.embedding.weight.copy_(t.wpe.weight)
+        model.norm.load_state_dict(t.ln_f.state_dict())
+        for ours, theirs in zip(model.blocks, t.h):
+            ours.norm1.load_state_dict(theirs.ln_1.state_dict())
+            ours.norm2.load_state_dict(theirs.ln_2.state_dict())
+            for linear, conv in ((ours.attn.qkv_proj, theirs.attn.c_attn), (ours.attn.out_proj, theirs.attn.c_proj),
+                                 (ours.mlp.up, theirs.mlp.c_fc), (ours.mlp.down, theirs.mlp.c_proj)):
+                linear.weight.copy_(conv.weight.t())  # Conv1D (in, out) -> Linear (out, in)
+                linear.bias.copy_(conv.bias)
+    return model.eval()
 
 
 def hf_gpt2(vocab: int, dim: int, layers: int, heads: int, attn_implementation: str, max_positions: int = 1024):
@@ -115,27 +82,27 @@ def read_bandwidth_gbs(mib: int = 256, repeats: int = 5) -> float:
     return src.numel() * 4 / t / 1e9
 
 
-def weight_matvec_ms(model: GPT2Decoder, batch: int, repeats: int = 5) -> float:
+def weight_matvec_ms(model: TransformerLM, batch: int, repeats: int = 5) -> float:
     """ms per decode step of the model's weight matrix-vector products alone (every Linear and the tied head
     on ``batch`` rows, back to back): the floor any decoder of this shape pays on this machine."""
-    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
-    dtype = model.wte.weight.dtype
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear) and m is not model.head]  # head: below
+    dtype = model.embed.weight.dtype
     xs = {m.in_features: torch.randn(batch, 1, m.in_features, dtype=dtype) for m in linears}  # (B, 1, in)
-    head_x = torch.randn(batch, 1, model.wte.weight.shape[1], dtype=dtype)  # (B, 1, E)
+    head_x = torch.randn(batch, 1, model.embed.weight.shape[1], dtype=dtype)  # (B, 1, E)
 
     def chain():
         for m in linears:
             m(xs[m.in_features])
-        F.linear(head_x, model.wte.weight)
+        F.linear(head_x, model.embed.weight)
 
     with torch.inference_mode():
         return 1e3 * round_robin({"chain": chain}, repeats * 10)["chain"]
 
 
-def weight_bytes(model: GPT2Decoder) -> int:
+def weight_bytes(model: TransformerLM) -> int:
     """Bytes a decode step must read: every parameter once (the tied head/embedding once), except the
     position table, of which it reads one row."""
-    skip = set() if model.wpe is None else {id(model.wpe.weight)}
+    skip = set() if model.pos_embed is None else {id(p) for p in model.pos_embed.parameters()}
     return sum(p.numel() * p.element_size() for p in model.parameters() if id(p) not in skip)
 
 
@@ -155,20 +122,20 @@ def _nocache_generate(model, prompt, new_tokens):
     return tokens
 
 
-def bare_torch_greedy(model: GPT2Decoder, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
+def bare_torch_greedy(model: TransformerLM, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
     """The ceiling for any library built from PyTorch ops: greedy decoding of ``model`` (learned positions) as
     one loop of bare functional calls on its weights - no modules, no checks, preallocated K/V - ``(B, N)``."""
     B, P = prompt.shape
-    E, H = model.wte.weight.shape[1], model.heads
+    E, H = model.embed.weight.shape[1], model.config.n_heads
     D, T = E // H, P + new_tokens
-    blocks = [(b.ln_1, b.attn.qkv_proj, b.attn.out_proj, b.ln_2, b.fc, b.proj) for b in model.blocks]
+    blocks = [(b.norm1, b.attn.qkv_proj, b.attn.out_proj, b.norm2, b.mlp.up, b.mlp.down) for b in model.blocks]
     K = [torch.empty(B, H, T, D) for _ in blocks]  # (B, H, T, D) per layer
     V = [torch.empty(B, H, T, D) for _ in blocks]
     ln = lambda x, m: F.layer_norm(x, (E,), m.weight, m.bias)  # noqa: E731
 
     def forward(tokens, start):  # tokens (B, L) at positions start.. -> last logits (B, V)
         L = tokens.shape[1]
-        x = F.embedding(tokens, model.wte.weight) + model.wpe.weight[start:start + L]  # (B, L, E)
+        x = F.embedding(tokens, model.embed.weight) + model.pos_embed.embedding.weight[start:start + L]  # (B, L, E)
         for i, (ln1, qkv, out, ln2, fc, proj) in enumerate(blocks):
             q, k, v = F.linear(ln(x, ln1), qkv.weight, qkv.bias).view(B, L, 3, H, D).permute(2, 0, 3, 1, 4)  # (B, H, L, D) x3
             K[i][:, :, start:start + L], V[i][:, :, start:start + L] = k, v
@@ -176,7 +143,7 @@ def bare_torch_greedy(model: GPT2Decoder, prompt: torch.Tensor, new_tokens: int)
             x = x + F.linear(a.transpose(1, 2).reshape(B, L, E), out.weight, out.bias)  # (B, L, E)
             h = F.gelu(F.linear(ln(x, ln2), fc.weight, fc.bias), approximate="tanh")
             x = x + F.linear(h, proj.weight, proj.bias)
-        return F.linear(ln(x[:, -1], model.ln_f), model.wte.weight)  # (B, V)
+        return F.linear(ln(x[:, -1], model.norm), model.embed.weight)  # (B, V)
 
     with torch.inference_mode():
         tok = forward(prompt, 0).argmax(-1, keepdim=True)  # (B, 1)
@@ -191,7 +158,7 @@ class CompiledGreedy:
     """Greedy decoding with a static cache whose decode step is ``torch.compile``d (one graph for every step;
     the prefill runs eager). The caches are reused (``reset``) across calls so the graph is reused too."""
 
-    def __init__(self, model: GPT2Decoder, batch: int, max_length: int):
+    def __init__(self, model: TransformerLM, batch: int, max_length: int):
         self.model, self.caches = model, model.new_cache(batch, kind="static", max_length=max_length)
         self.step = torch.compile(lambda t, p: model(t, positions=p, cache=self.caches), dynamic=False)
 
@@ -244,7 +211,7 @@ def sliding_curve(dim, layers, heads, vocab, window, contexts, repeats=1):
     out = {}
     for name, kwargs, kind in (("sliding", {"window": window}, "sliding"), ("dynamic_full_causal", {}, "dynamic")):
         torch.manual_seed(0)
-        model = GPT2Decoder(vocab, dim, layers, heads, positions="rope", **kwargs).eval()
+        model = gpt2_decoder(vocab, dim, layers, heads, positions="rope", **kwargs)
         prompt = [torch.randint(0, vocab, (32,)).tolist()]
         best = None
         for _ in range(repeats):
@@ -300,7 +267,7 @@ def run(args) -> int:
     shape = (args.vocab, args.dim, args.layers, args.heads)
     hf_models = {impl: hf_gpt2(*shape, impl) for impl in ("eager", "sdpa")}
     hf_models["eager"].load_state_dict(hf_models["sdpa"].state_dict())
-    ours = GPT2Decoder.from_hf(hf_models["sdpa"])
+    ours = gpt2_from_hf(hf_models["sdpa"])
     bandwidth = copy_bandwidth_gbs()
     wbytes = weight_bytes(ours)
     bound_ms = 1e3 * wbytes / (bandwidth * 1e9)

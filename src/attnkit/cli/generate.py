@@ -31,10 +31,11 @@ def run(args) -> int:
     from attnkit.training.loop import load_model
 
     model = load_model(args.checkpoint, args.device)
-    tok = ByteTokenizer()
+    tok = _run_tokenizer(args.checkpoint) or ByteTokenizer()
     prompts = [tok.encode(p) for p in args.prompt]
     kwargs = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_k": args.top_k,
-              "top_p": args.top_p, "seed": args.seed, "stop_tokens": (tok.EOS,), "cache": args.cache}
+              "top_p": args.top_p, "seed": args.seed, "stop_tokens": () if tok.EOS is None else (tok.EOS,),
+              "cache": args.cache}
     with torch.inference_mode():
         if args.stream and len(prompts) == 1:
             sys.stdout.write(args.prompt[0])
@@ -54,3 +55,14 @@ def run(args) -> int:
         if len(outputs) > 1:
             print("-" * 40)
     return 0
+
+
+def _run_tokenizer(path):
+    """The model's own tokenizer when the run was converted from Hugging Face (``attnkit convert``), else None."""
+    from pathlib import Path
+
+    if not any((p / "tokenizer").is_dir() for p in (Path(path), Path(path).parent.parent)):
+        return None
+    from attnkit.integrations.hf.folders import run_tokenizer
+
+    return run_tokenizer(path)

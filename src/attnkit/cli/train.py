@@ -75,6 +75,8 @@ def add_parser(sub) -> None:
     p.add_argument("--overfit", action="store_true", help="sanity check: 10 samples until the loss is ~0")
     p.add_argument("--samples", action="store_true", help="print samples before and after training")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--monitor", type=int, nargs="?", const=100, default=None, metavar="EVERY",
+                   help="attention monitor every EVERY steps (100 if no value): verdicts in metrics.jsonl, the report")
     p.set_defaults(run=run)
 
 
@@ -103,7 +105,13 @@ def config_from_args(args) -> TrainConfig:
 
 
 def run(args) -> int:
-    result = train(config_from_args(args), resume=args.resume, init_from=args.init_from, given=given_settings(args))
+    hooks = []
+    if args.monitor is not None:
+        from attnkit.diagnostics.monitor import monitor_hook
+
+        hooks.append(monitor_hook(args.monitor))
+    result = train(config_from_args(args), resume=args.resume, init_from=args.init_from, given=given_settings(args),
+                   hooks=hooks)
     if result.overfit_passed is not None:
         return 0 if result.overfit_passed else 1
     return 0

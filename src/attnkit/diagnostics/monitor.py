@@ -126,3 +126,30 @@ class AttentionMonitor:
 
 def _fmt(values: list[float]) -> str:
     return "[" + " ".join(f"{v:.2f}" for v in values) + "]"
+
+
+def monitor_hook(every: int = 100, *, thresholds: HealthThresholds | None = None):
+    """A training hook (``attnkit.training.train(..., hooks=[monitor_hook(100)])``, ``attnkit train --monitor``):
+    at step 1 and every ``every`` steps it measures attention health on the first validation row (its documents
+    and positions kept) and adds ``record["attention"] = {layer: {"verdicts", "max_logit", metrics...}}`` to the
+    step's metrics.jsonl record, which ``attnkit report`` draws."""
+    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+        raise AttnkitValueError(f"monitor every must be a positive int (steps between checks), got {describe(every)}; "
+                                "use e.g. --monitor 100.")
+    state: dict = {}
+
+    def hook(trainer, record: dict) -> None:
+        step = record["step"]
+        if step % every and step != 1:
+            return
+        if "monitor" not in state:
+            batch = next(iter(trainer.val_data.eval_batches(1, 1)))
+            row = {"tokens": batch.inputs[:1].to(trainer.device)}  # (1, L)
+            if batch.doc_ids is not None:
+                row.update(doc_ids=batch.doc_ids[:1].to(trainer.device), positions=batch.positions[:1].to(trainer.device))
+            state["monitor"] = AttentionMonitor(trainer.model, row, every=every, thresholds=thresholds)
+        summary = state["monitor"].measure()
+        record["attention"] = {layer: {"verdicts": info["verdicts"], "max_logit": info["max_logit"], **info["metrics"]}
+                               for layer, info in summary.items()}
+
+    return hook

@@ -35,8 +35,9 @@ class MultiHeadAttention(nn.Module):
         dropout: attention dropout on the probabilities, active in training mode only.
         bias: biases of every projection; ``qkv_bias`` overrides it for the q/k/v projections (Qwen2: q/k/v
             biased, output not).
-        rotary: the q/k transform slot: any module ``f(x (B, H|Hkv, L, D), positions (B|1, L)) -> same shape``
-            applied to queries and keys (:class:`~attnkit.positions.RoPE` of any base, scaling and pairing).
+        rotary: the q/k transform slot: any module ``f(x (B, heads, L, D), positions (B|1, L) | None) -> same
+            shape`` (None = ``arange(L)``) applied alike to every query and key head (in self-attention one call on
+            the stacked ``(B, H + Hkv, L, D)`` heads) (:class:`~attnkit.positions.RoPE` of any base, scaling and pairing).
         score_bias: the bias slot: any :class:`attnkit._bias.StructuredBias` (``ak.positions.ALiBi``), added to
             the scores from absolute positions and evaluated per block by the backends.
         q_norm, k_norm: QK-norm: modules applied to each head's query / key ``(..., D)`` before ``rotary``
@@ -130,34 +131,38 @@ class MultiHeadAttention(nn.Module):
         """q ``(B, H, L, D)``, k and v ``(B, Hkv, Lk, D)``, after QK-norm and ``rotary`` when configured."""
         B, L, _ = x.shape
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
+        fused_qk = context is None and self.rotary is not None and self.q_norm is None and self.k_norm is None
         if context is None and hasattr(self, "qkv_proj"):
-            q, k, v = self.qkv_proj(x).split([H * D, Hkv * D, Hkv * D], dim=-1)  # one matmul
-        elif hasattr(self, "qkv_proj"):
-            w, b = self.qkv_proj.weight, self.qkv_proj.bias
-            wq, wkv = w.split([H * D, 2 * Hkv * D])
-            bq, bkv = (None, None) if b is None else b.split([H * D, 2 * Hkv * D])
-            q = F.linear(x, wq, bq)  # (B, L, H*D)
-            if value is None:
-                k, v = F.linear(context, wkv, bkv).split([Hkv * D, Hkv * D], dim=-1)  # (B, Lk, Hkv*D) x2
-            else:
-                (wk, wv), (bk, bv) = wkv.chunk(2), (None, None) if bkv is None else bkv.chunk(2)
-                k, v = F.linear(context, wk, bk), F.linear(value, wv, bv)  # (B, Lk, Hkv*D) x2
+            qkv = self.qkv_proj(x).view(B, L, H + 2 * Hkv, D).transpose(1, 2)  # one matmul; (B, H + 2Hkv, L, D)
+            if fused_qk:  # q and k heads sit side by side: rotate them in one call, with one cos/sin
+                qk, v = qkv.split([H + Hkv, Hkv], dim=1)  # (B, H + Hkv, L, D), (B, Hkv, L, D); split, not
+                q, k = self.rotary(qk, positions).split([H, Hkv], dim=1)  # slices: backward is a cat, no zero-fill
+                return q, k, v  # (B, H, L, D), (B, Hkv, L, D) x2
+            q, k, v = qkv.split([H, Hkv, Hkv], dim=1)  # (B, H, L, D), (B, Hkv, L, D) x2
         else:
-            context = x if context is None else context
-            q, k, v = self.q_proj(x), self.k_proj(context), self.v_proj(context if value is None else value)
-        Lk = k.shape[1]
-        q = q.view(B, L, H, D).transpose(1, 2)  # (B, H, L, D)
-        k = k.view(B, Lk, Hkv, D).transpose(1, 2)  # (B, Hkv, Lk, D)
-        v = v.view(B, Lk, Hkv, D).transpose(1, 2)  # (B, Hkv, Lk, D)
+            if hasattr(self, "qkv_proj"):  # cross-attention through the fused weight: q from x, k and v from context
+                wq, wk, wv = self.qkv_proj.weight.split([H * D, Hkv * D, Hkv * D])
+                b = self.qkv_proj.bias
+                bq, bk, bv = (None,) * 3 if b is None else b.split([H * D, Hkv * D, Hkv * D])
+                q = F.linear(x, wq, bq)  # (B, L, H*D)
+                if value is None:
+                    k, v = F.linear(context, torch.cat([wk, wv]), None if b is None else torch.cat([bk, bv])).split(
+                        [Hkv * D, Hkv * D], dim=-1)  # (B, Lk, Hkv*D) x2, one matmul
+                else:
+                    k, v = F.linear(context, wk, bk), F.linear(value, wv, bv)  # (B, Lk, Hkv*D) x2
+            else:
+                context = x if context is None else context
+                q, k, v = self.q_proj(x), self.k_proj(context), self.v_proj(context if value is None else value)
+            Lk = k.shape[1]
+            q = q.view(B, L, H, D).transpose(1, 2)  # (B, H, L, D)
+            k = k.view(B, Lk, Hkv, D).transpose(1, 2)  # (B, Hkv, Lk, D)
+            v = v.view(B, Lk, Hkv, D).transpose(1, 2)  # (B, Hkv, Lk, D)
         if self.q_norm is not None:
             q = self.q_norm(q)
         if self.k_norm is not None:
             k = self.k_norm(k)
-        if self.rotary is not None:
-            q_pos = torch.arange(L, device=x.device)[None] if positions is None else positions  # (B|1, L)
-            kv_pos = (q_pos if context is None else torch.arange(Lk, device=x.device)[None]) \
-                if context_positions is None else context_positions  # (B|1, Lk)
-            q, k = self.rotary(q, q_pos), self.rotary(k, kv_pos)
+        if self.rotary is not None:  # None positions = arange of each tensor's own length
+            q, k = self.rotary(q, positions), self.rotary(k, positions if context is None else context_positions)
         return q, k, v
 
     # ---------------------------------------------------------------------------------------------- forward

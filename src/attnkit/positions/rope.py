@@ -264,20 +264,44 @@ class RoPE(nn.Module):
         """cos and sin ``(B|1, L, D/2)`` of the angles at ``positions`` ``(B|1, L)``, times the attention factor."""
         inv_freq = self._inv_freq(dtype, positions.device)  # (D/2,)
         angles = positions.to(dtype)[..., None] * inv_freq  # (B|1, L, D/2)
-        return angles.cos() * self.attention_factor, angles.sin() * self.attention_factor
+        cos, sin = angles.cos(), angles.sin()
+        if self.attention_factor != 1.0:
+            cos, sin = cos * self.attention_factor, sin * self.attention_factor
+        return cos, sin
+
+    def _default_cos_sin(self, length: int, dtype: torch.dtype, device: torch.device):
+        """cos and sin ``(1, L, D/2)`` at ``arange(L)``: a table computed once per (dtype, device, grad mode) and
+        sliced, as every rotary implementation keeps it (a pure function of the length: nothing is memoised on
+        the caller's tensors)."""
+        key = (dtype, device, torch.is_inference_mode_enabled())  # inference tensors can't join autograd later
+        table = self._tables.get(key) if hasattr(self, "_tables") else None
+        if table is None or table[0].shape[1] < length or torch.compiler.is_compiling():
+            n = max(length, 2 * table[0].shape[1]) if table is not None else max(length, 256)
+            with torch.no_grad():
+                table = self.cos_sin(torch.arange(n, device=device)[None], dtype)  # (1, n, D/2) x2
+            if torch.compiler.is_compiling():
+                return table[0][:, :length], table[1][:, :length]
+            self.__dict__.setdefault("_tables", {})[key] = table
+        return table[0][:, :length], table[1][:, :length]  # (1, L, D/2) x2
+
+    def _apply(self, fn, recurse=True):
+        self.__dict__.pop("_tables", None)  # .to() / .double(): tables are rebuilt for the new device and dtype
+        return super()._apply(fn, recurse)
 
     def forward(self, x: torch.Tensor, positions: torch.Tensor | None = None) -> torch.Tensor:
         """Rotate ``x`` ``(B, H, L, D)``; ``positions`` ``(L,)`` or ``(B|1, L)`` int (default ``arange(L)``)."""
-        positions = self._check(x, positions)  # (B|1, L)
+        positions = self._check(x, positions)  # (B|1, L) or None (= arange(L))
         compute = torch.float64 if x.dtype == torch.float64 else torch.float32
-        cos, sin = self.cos_sin(positions, compute)  # (B|1, L, D/2) each
+        if positions is None:
+            cos, sin = self._default_cos_sin(x.shape[2], compute, x.device)  # (1, L, D/2) each
+        else:
+            cos, sin = self.cos_sin(positions, compute)  # (B|1, L, D/2) each
         cos, sin = cos[:, None], sin[:, None]  # (B|1, 1, L, D/2)
         xf = x.to(compute)  # (B, H, L, D)
-        half = self.head_dim // 2
         if self.style == "half":
-            x1, x2 = xf[..., :half], xf[..., half:]  # (B, H, L, D/2) each
+            x1, x2 = xf.chunk(2, dim=-1)  # (B, H, L, D/2) each (chunk: its backward is one cat, not zero-fills)
         else:
-            x1, x2 = xf[..., 0::2], xf[..., 1::2]  # (B, H, L, D/2) each
+            x1, x2 = xf.unflatten(-1, (self.head_dim // 2, 2)).unbind(-1)  # (B, H, L, D/2) each
         y1, y2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin  # (B, H, L, D/2) each
         if self.style == "half":
             out = torch.cat((y1, y2), dim=-1)  # (B, H, L, D)
@@ -296,7 +320,7 @@ class RoPE(nn.Module):
             )
         B, _, L, _ = x.shape
         if positions is None:
-            return torch.arange(L, device=x.device)[None]  # (1, L)
+            return None  # arange(L): served from the default table
         if not isinstance(positions, torch.Tensor) or positions.dtype.is_floating_point or \
                 positions.dtype.is_complex or positions.dtype == torch.bool:
             raise AttnkitTypeError(f"positions must be an integer tensor of absolute positions, got "

@@ -197,6 +197,7 @@ class Trainer:
     def __init__(self, config: TrainConfig, *, resume: str | Path | None = None, init_from: str | Path | None = None,
                  given: set[str] | frozenset[str] = frozenset(), log=print):
         self.ddp, self.folder, self._failed, self.ctx = None, None, False, None
+        self.hooks: list = []  # hook(trainer, record) after each step (main process), see train()
         try:
             self._setup(config, resume, init_from, frozenset(given), log)
         except BaseException:  # a refusal after the lock was taken must not keep the folder locked
@@ -455,6 +456,8 @@ class Trainer:
                 val_loss = evaluate(self.model, eval_batches, self.precision, self.device)
                 record.update(val_loss=val_loss, val_ppl=math.exp(min(val_loss, 50.0)))
             if self.metrics is not None:
+                for hook in self.hooks:
+                    hook(self, record)
                 self.metrics.write(record)
             if bar is not None:
                 bar.update(1)
@@ -537,9 +540,14 @@ def _flag(name: str) -> str:
 
 
 def train(config: TrainConfig, *, resume: str | Path | None = None, init_from: str | Path | None = None,
-          given: set[str] | frozenset[str] = frozenset(), log=print) -> TrainResult:
-    """Train, resume or fine-tune a run; see :class:`TrainConfig` and :class:`Trainer`."""
-    return Trainer(config, resume=resume, init_from=init_from, given=given, log=log).run()
+          given: set[str] | frozenset[str] = frozenset(), log=print, hooks=()) -> TrainResult:
+    """Train, resume or fine-tune a run; see :class:`TrainConfig` and :class:`Trainer`. ``hooks``: callables
+    ``hook(trainer, record)`` run on the main process after every step, before ``record`` (a dict with ``step``)
+    is written to metrics.jsonl (e.g. ``attnkit.diagnostics.monitor.monitor_hook``, which adds the attention
+    verdicts)."""
+    trainer = Trainer(config, resume=resume, init_from=init_from, given=given, log=log)
+    trainer.hooks = list(hooks)
+    return trainer.run()
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> TransformerLM:

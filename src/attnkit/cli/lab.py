@@ -1,0 +1,42 @@
+"""``attnkit lab``: the tutorial's claims as experiments with honest verdicts.
+
+    attnkit lab list                     # the labs and what each one tests
+    attnkit lab scale                    # default size (minutes on 2 CPU cores), into runs/labs/scale/
+    attnkit lab positions --quick        # CI size (seconds)
+    attnkit lab all --quick --out DIR    # every lab, each into DIR/NAME/
+
+Each run writes results.json, summary.md (claim -> measured -> verdict) and PNG plots.
+"""
+
+from __future__ import annotations
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("lab", help="run a lab: a claim about attention as a small experiment with a verdict")
+    p.add_argument("name", help="a lab name, 'all', or 'list'")
+    p.add_argument("--quick", action="store_true", help="CI size: seconds instead of minutes")
+    p.add_argument("--out", default=None, help="output folder (default runs/labs/NAME; with 'all', DIR/NAME)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    from pathlib import Path
+
+    from attnkit.labs import LABS, get_lab, run_lab
+
+    if args.name == "list":
+        for name, spec in LABS.items():
+            print(f"{name:<11} {spec.title}")
+        return 0
+    names = list(LABS) if args.name == "all" else [get_lab(args.name).name]
+    for name in names:
+        out = None if args.out is None else Path(args.out) / name if args.name == "all" else Path(args.out)
+        payload = run_lab(name, quick=args.quick, out=out, seed=args.seed, threads=args.threads)
+        where = out or Path("runs") / "labs" / name
+        print(f"lab {name} ({payload['size']}, {payload['seconds']:.0f} s) -> {where}/summary.md")
+        for v in payload["verdicts"]:
+            print(f"  {v['verdict']:<28} {v['claim']}")
+            print(f"  {'':<28}   measured: {v['measured']}")
+    return 0

@@ -1,0 +1,58 @@
+"""``attnkit report``: write the self-contained HTML attention report of a model on a text.
+
+    attnkit report runs/demo --text "To be, or not to be"     # a trained run: + loss curves, monitor verdicts
+    attnkit report tiny --text "hello" --out tiny.html        # a preset with fresh weights
+    attnkit report path/to/hf_model --text "Attention is all you need."   # a Hugging Face folder (eager weights)
+
+Targets are those of ``attnkit doctor`` (presets, run or checkpoint folders, Hugging Face folders, hf-*-tiny).
+The page opens from disk with no network; the command prints its path and size.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+DEFAULT_TEXT = "The quick brown fox jumps over the lazy dog. The dog sleeps."
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("report", help="write a self-contained HTML explorer of a model's attention on a text")
+    p.add_argument("target", help="a preset (tiny), an attnkit run/checkpoint folder, a Hugging Face folder, or "
+                                  "hf-gpt2-tiny / hf-llama-tiny / hf-bert-tiny")
+    p.add_argument("--text", default=DEFAULT_TEXT, help="the input to look at")
+    p.add_argument("--out", type=Path, default=None,
+                   help="the .html to write (default: report.html in a run folder, else attention_report.html)")
+    p.add_argument("--title", default=None, help="the page title (default: attnkit report: TARGET)")
+    p.add_argument("--encoder", action="store_true", help="build the preset as a bidirectional encoder")
+    p.add_argument("--no-doctor", action="store_true", help="leave the doctor's checks out (faster)")
+    p.add_argument("--dense-max", type=int, default=512, help="longer inputs keep only the top-k weights per row")
+    p.add_argument("--top-k", type=int, default=32, help="weights kept per row past --dense-max")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(run=run)
+
+
+def metrics_file(target: str) -> Path | None:
+    """The ``metrics.jsonl`` of a run folder, or of the run a checkpoint folder belongs to."""
+    path = Path(target)
+    for folder in (path, *path.parents[:2]):
+        if (folder / "metrics.jsonl").is_file():
+            return folder / "metrics.jsonl"
+    return None
+
+
+def run(args) -> int:
+    import torch
+
+    from attnkit.diagnostics.report import report
+    from attnkit.diagnostics.report.encode import human_bytes
+    from attnkit.diagnostics.targets import load_target
+
+    torch.manual_seed(args.seed)
+    model, fresh = load_target(args.target, encoder=args.encoder)
+    metrics = metrics_file(args.target)
+    out = args.out or (Path(args.target) / "report.html" if metrics is not None and Path(args.target).is_dir()
+                       else Path("attention_report.html"))
+    path = report(model, args.text, out=out, doctor=not args.no_doctor, fresh=fresh, metrics=metrics,
+                  title=args.title or f"attnkit report: {args.target}", dense_max=args.dense_max, top_k=args.top_k)
+    print(f"wrote {path} ({human_bytes(path.stat().st_size)}); open it in a browser: {path.resolve().as_uri()}")
+    return 0

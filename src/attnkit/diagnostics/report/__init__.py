@@ -1,0 +1,146 @@
+"""``ak.diagnostics.report``: a self-contained HTML explorer of a model's attention on one input.
+
+>>> import attnkit as ak
+>>> from attnkit.models.builders import build_lm
+>>> path = ak.diagnostics.report(build_lm("nano"), "hello attention", out="report.html", doctor=False)
+
+The page (one file, no network: script, style and data inline) shows the input tokens; a layers x heads grid
+(query heads grouped by their KV head); a heatmap per head with token labels on both axes, a colour bar and the
+mask drawn over it (allowed-but-unused is white, forbidden is hatched grey); hovering a token or a cell
+highlights its row (where it attends) and column (what attends to it); a layer / head / verdict filter; a
+sortable per-head metrics table with the collapse/uniform verdicts; the doctor's report; and, for a training
+run, its loss curves and the attention monitor's verdicts. Weights are stored as bytes (step 1/255); beyond
+``dense_max`` tokens each row keeps its ``top_k`` largest weights and states the mass it leaves out.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from attnkit.diagnostics.report.collect import Collected, collect
+from attnkit.diagnostics.report.page import render
+from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
+
+
+def byte_label(token: int) -> str:
+    """A readable label for a byte-level token (0..255, 256 = EOS)."""
+    if token == 256:
+        return "<eos>"
+    if token == 32:
+        return "\u2423"
+    if token == 10:
+        return "\u23ce"
+    if 32 < token < 127:
+        return chr(token)
+    return f"\\x{token:02x}"
+
+
+def tokenize(model: nn.Module, text: str, tokenizer=None) -> tuple[torch.Tensor, list[str]]:
+    """``(tokens (1, L), labels)`` for ``text``: a Hugging Face tokenizer if given (or found next to an HF model),
+    else attnkit's byte tokenizer (attnkit models, vocab 257)."""
+    if tokenizer is None and type(model).__module__.startswith("transformers."):
+        path = getattr(getattr(model, "config", None), "_name_or_path", "")
+        try:
+            from transformers import AutoTokenizer
+
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        except Exception as exc:  # noqa: BLE001 - no tokenizer files: say how to fix it
+            raise AttnkitValueError(f"no tokenizer found for the Hugging Face model at {path!r} ({type(exc).__name__}); "
+                                    "pass tokenizer=... or token ids instead of text.") from exc
+    if tokenizer is not None:
+        ids = tokenizer(text, return_tensors="pt")["input_ids"]  # (1, L)
+        return ids, [t.replace("\u0120", "\u2423").replace("\u2581", "\u2423")
+                     for t in tokenizer.convert_ids_to_tokens(ids[0].tolist())]
+    from attnkit.training.data import ByteTokenizer
+
+    vocab = getattr(getattr(model, "config", None), "vocab_size", ByteTokenizer.vocab_size)
+    if vocab != ByteTokenizer.vocab_size:
+        raise AttnkitValueError(f"text needs a tokenizer: the model's vocab_size is {vocab}, not the byte tokenizer's "
+                                f"{ByteTokenizer.vocab_size}; pass tokenizer=... or token ids.")
+    ids = ByteTokenizer().encode(text)
+    return torch.tensor([ids]), [byte_label(t) for t in ids]
+
+
+def _as_tokens(model, tokens, labels, tokenizer) -> tuple[torch.Tensor, list[str]]:
+    if isinstance(tokens, str):
+        if not tokens:
+            raise AttnkitValueError("report needs a non-empty text; got ''.")
+        ids, auto = tokenize(model, tokens, tokenizer)
+        return ids, list(labels) if labels is not None else auto
+    if isinstance(tokens, (list, tuple)):
+        tokens = torch.tensor(tokens)
+    if not isinstance(tokens, torch.Tensor) or tokens.dtype not in (torch.int64, torch.int32) or tokens.dim() not in (1, 2) \
+            or (tokens.dim() == 2 and tokens.shape[0] != 1) or tokens.numel() == 0:
+        raise AttnkitValueError(f"tokens must be a text, a list of ids, or an int tensor (L,) or (1, L), got "
+                                f"{describe(tokens)}; the report shows one sequence.")
+    tokens = tokens.reshape(1, -1).long()  # (1, L)
+    if labels is None:
+        labels = [str(t) for t in tokens[0].tolist()]
+    if len(labels) != tokens.shape[1]:
+        raise AttnkitValueError(f"labels has {len(labels)} entries but there are {tokens.shape[1]} tokens; give one "
+                                "label per token.")
+    return tokens, [str(x) for x in labels]
+
+
+def report(model: nn.Module, tokens, *, out: str | Path | None = "attention_report.html", labels=None,
+           tokenizer=None, title: str | None = None, doctor: bool | dict = True, fresh: bool | None = None,
+           metrics: str | Path | list | None = None, dense_max: int = 512, top_k: int = 32,
+           thresholds=None) -> Path | str:
+    """Write the HTML attention report of ``model`` on ``tokens`` and return its path (or the HTML when ``out``
+    is None).
+
+    Args:
+        model: an attnkit model (any module whose attention goes through ``attnkit.attention``) or a Hugging Face
+            model (eager attention).
+        tokens: a text (tokenized by ``tokenizer``, the HF model's tokenizer, or the byte tokenizer), a list of
+            ids or an int tensor ``(L,)``/``(1, L)``.
+        labels: one label per token (default: the tokenizer's pieces or the ids).
+        doctor: run ``ak.doctor.examine`` on the model and include its report (or pass a ``Report`` / its dict).
+        fresh: tells the doctor whether the weights are new (see ``examine``).
+        metrics: a ``metrics.jsonl`` path (or its records) for the training curves and monitor verdicts.
+        dense_max, top_k: sequences longer than ``dense_max`` keep the ``top_k`` largest weights per row.
+    """
+    if not isinstance(model, nn.Module):
+        raise AttnkitTypeError(f"report(model=...) must be a torch.nn.Module, got {describe(model)}.")
+    for name, value, hint in (("top_k", top_k, "weights kept per row past dense_max; e.g. 32"),
+                              ("dense_max", dense_max, "longest input stored densely; e.g. 512")):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise AttnkitValueError(f"{name} must be a positive int ({hint}), got {describe(value)}.")
+    if doctor is not True and doctor is not False and not isinstance(doctor, dict):
+        doctor = doctor.to_dict() if hasattr(doctor, "to_dict") else doctor
+        if not isinstance(doctor, dict):
+            raise AttnkitTypeError(f"doctor must be True, False, a doctor Report or its to_dict(), got {describe(doctor)}.")
+    ids, labels = _as_tokens(model, tokens, labels, tokenizer)
+    ids = ids.to(next(iter(model.parameters()), torch.empty(0)).device)
+    data: Collected = collect(model, ids, labels, thresholds=thresholds)
+    doctor_dict = doctor if isinstance(doctor, dict) else None
+    if doctor is True:
+        from attnkit.diagnostics.doctor import examine
+
+        doctor_dict = examine(model, fresh=fresh, name=title or type(model).__name__).to_dict()
+    records = metrics
+    if isinstance(metrics, (str, Path)):
+        from attnkit.training.metrics import read_metrics
+
+        records = read_metrics(metrics)
+    n_params = sum(p.numel() for p in model.parameters())
+    first = data.layers[0]
+    facts = (f"{type(model).__name__}: {len(data.layers)} layers x {first.num_heads} heads"
+             + (f" ({first.kv_heads} KV heads)" if first.kv_heads != first.num_heads else "")
+             + f", {n_params / 1e6:.2f} M parameters; {len(labels)} tokens; weights from {data.source}; "
+             f"written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by attnkit")
+    page = render(data, title=title or f"attnkit report: {type(model).__name__}", facts=facts, doctor=doctor_dict,
+                  records=records, dense_max=dense_max, top_k=top_k, thresholds=thresholds)
+    if out is None:
+        return page
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(page, encoding="utf-8")
+    return out
+
+
+__all__ = ["report", "tokenize", "byte_label", "collect"]

@@ -1,0 +1,99 @@
+"""The report's compact data: every array quantised to bytes, concatenated into one buffer, zlib-compressed and
+base64-encoded into the page (the browser inflates it with its built-in ``DecompressionStream``).
+
+- dense heads (L <= ``dense_max``): ``L * L`` uint8, probability ``p`` stored as ``round(255 p)``: the shown
+  weight is within ``0.5 / 255`` of the computed one;
+- sparse heads (longer sequences): per row the ``top_k`` largest probabilities (key index uint16, value uint8)
+  and the remaining mass of the row (uint8, same step), so the page states what it leaves out;
+- thumbnails: ``T x T`` (T <= 48) block maxima scaled to the head's largest, for the overview grid;
+- masks: one bit per (query, key), deduplicated across layers and heads.
+
+:func:`decode_head` reads a dense or sparse head back (tests use it to check the page's numbers).
+Shape legend: H heads, L tokens, k = top_k, T thumbnail side.
+"""
+
+from __future__ import annotations
+
+import base64
+import math
+import zlib
+
+import numpy as np
+import torch
+
+STEP = 1.0 / 255.0
+
+
+class Buffer:
+    """Append-only byte buffer; every array starts 4-byte aligned (for typed-array views in the page)."""
+
+    def __init__(self):
+        self.parts: list[bytes] = []
+        self.size = 0
+
+    def add(self, array: np.ndarray) -> list[int]:
+        pad = -self.size % 4
+        if pad:
+            self.parts.append(b"\0" * pad)
+            self.size += pad
+        data = np.ascontiguousarray(array).tobytes()
+        self.parts.append(data)
+        offset, self.size = self.size, self.size + len(data)
+        return [offset, len(data)]
+
+    def encoded(self) -> str:
+        return base64.b64encode(zlib.compress(b"".join(self.parts), 6)).decode("ascii")
+
+
+def quantise(p: torch.Tensor) -> np.ndarray:
+    return np.rint(p.clamp(0, 1).double().numpy() * 255).astype(np.uint8)
+
+
+def thumbnail(w: torch.Tensor, side: int = 48) -> np.ndarray:
+    """``(L, L) -> (T, T)`` uint8 block maxima, scaled so the head's largest pooled value is 255."""
+    L = w.shape[-1]
+    T = min(side, L)
+    pooled = torch.nn.functional.adaptive_max_pool2d(w[None, None].float(), T)[0, 0]  # (T, T)
+    top = float(pooled.max())
+    return quantise(pooled / top if top > 0 else pooled)
+
+
+def encode_head(buf: Buffer, w: torch.Tensor, top_k: int | None) -> dict:
+    """One head ``(L, L)``: dense bytes, or the top-k per row with the rest of each row's mass."""
+    if top_k is None or top_k >= w.shape[-1]:
+        return {"fmt": "dense", "w": buf.add(quantise(w))}
+    values, index = w.topk(top_k, dim=-1)  # (L, k) each
+    rest = (1.0 - values.double().sum(-1)).clamp_min(0)  # (L,) mass not shown
+    return {"fmt": "topk", "k": top_k, "idx": buf.add(index.numpy().astype("<u2")), "val": buf.add(quantise(values)),
+            "rest": buf.add(quantise(rest))}
+
+
+def encode_mask(buf: Buffer, allowed: torch.Tensor) -> list[int]:
+    """``(L, L)`` bool -> bits (big-endian bit order, row-major)."""
+    return buf.add(np.packbits(allowed.numpy().astype(np.uint8).reshape(-1), bitorder="big"))
+
+
+def decode_head(blob: bytes, head: dict, L: int) -> np.ndarray:
+    """The ``(L, L)`` float probabilities a page shows for one head (sparse: zeros outside the top-k)."""
+    def view(span, dtype):
+        offset, n = span
+        return np.frombuffer(blob[offset:offset + n], dtype=dtype)
+
+    if head["fmt"] == "dense":
+        return view(head["w"], np.uint8).reshape(L, L) * STEP
+    k = head["k"]
+    out = np.zeros((L, L))
+    idx = view(head["idx"], "<u2").reshape(L, k).astype(np.int64)
+    np.put_along_axis(out, idx, view(head["val"], np.uint8).reshape(L, k) * STEP, axis=-1)
+    return out
+
+
+def decode_blob(text: str) -> bytes:
+    return zlib.decompress(base64.b64decode(text))
+
+
+def human_bytes(n: int) -> str:
+    if n < 1024:
+        return f"{n} B"
+    exp = min(int(math.log(n, 1024)), 3)
+    return f"{n / 1024 ** exp:.1f} {('B', 'KiB', 'MiB', 'GiB')[exp]}"

