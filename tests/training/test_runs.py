@@ -151,7 +151,7 @@ def test_a_second_run_in_a_folder_still_training_is_refused(tmp_path):
     train(small_config(run, steps=4, ckpt_every=4), log=_quiet)
     holder = subprocess.Popen([sys.executable, "-c", (
         "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
-        "fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, b'pid 4242'); print('locked', flush=True); time.sleep(60)"),
+        "fcntl.flock(fd, fcntl.LOCK_EX); os.ftruncate(fd, 0); os.write(fd, b'pid 4242'); print('locked', flush=True); time.sleep(60)"),
         str(run / ".attnkit.lock")], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"
@@ -268,3 +268,32 @@ def test_the_summary_says_plainly_whether_the_baseline_was_beaten():
                                  "nats/token")
     assert verdict(3.9, 2.2).startswith("validation loss 3.900 (perplexity 49.40) did NOT beat the unigram baseline "
                                         "2.200: it is 1.700 nats/token worse")
+
+
+# ------------------------------------------------------------------------------------------ generate (item 23)
+
+def test_generate_errors_name_the_value_and_the_limit(tmp_path, capsys):
+    from attnkit.models.builders import build_lm
+    from attnkit.models.generation import generate
+
+    model = build_lm("nano", vocab_size=100).eval()
+    with pytest.raises(AttnkitValueError, match=r"token id 250, but the model's vocabulary has 100 ids \(0 .. 99\)"):
+        generate(model, [[1, 250]], max_new_tokens=2)
+    run = tmp_path / "run"
+    train(small_config(run, steps=2, ckpt_every=2, model={"positions": "learned"}), log=_quiet)
+    limit = json.loads((run / "config.json").read_text())["model"]["max_seq_len"]
+    assert main(["generate", "--checkpoint", str(run), "--prompt", "def ", "--max-new-tokens", str(limit),
+                 "--cache", "static"]) == 2
+    err = capsys.readouterr()
+    assert (f"--max-new-tokens {limit} with a prompt of 4 tokens needs {limit + 4} positions, but the model's learned "
+            f"positions hold {limit}; pass --max-new-tokens {limit - 4} or less") in err.err
+    assert err.out == ""  # refused before any text was printed
+
+
+def test_a_config_that_does_not_fit_its_weights_is_a_typed_error(tmp_path):
+    from attnkit.models.builders import build_lm
+
+    path = ckpt.save_checkpoint(tmp_path, 1, build_lm("nano"), None, {})
+    with pytest.raises(ckpt.CheckpointError, match=r"does not fit the model: blocks.0.attn.out_proj.weight is \(64, 64\) in the "
+                                                   r"checkpoint but \(128, 128\) in the model"):
+        ckpt.load_weights(path, build_lm("nano", dim=128))

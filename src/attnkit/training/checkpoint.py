@@ -259,11 +259,27 @@ def clean_temporary(run_dir: str | Path) -> list[Path]:
 def load_weights(ckpt: str | Path, model: torch.nn.Module) -> dict:
     """Verify ``ckpt`` and load its weights into ``model`` (strict); return the state record."""
     state = read_state(ckpt)
+    _check_shapes(Path(ckpt) / "model.safetensors", model, ckpt)
     missing, unexpected = load_model(model, str(Path(ckpt) / "model.safetensors"), strict=False)
     if missing or unexpected:
         raise CheckpointError(f"checkpoint {str(ckpt)!r} does not match the model: missing {sorted(missing)[:5]}, "
                               f"unexpected {sorted(unexpected)[:5]}; build the model from the checkpoint's config.")
     return state
+
+
+def _check_shapes(path: Path, model: torch.nn.Module, ckpt) -> None:
+    """Every stored tensor has the shape of the model's parameter of that name (else a typed error naming both)."""
+    from safetensors import safe_open
+
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    with safe_open(str(path), framework="pt") as f:
+        for name in sorted(f.keys()):
+            stored = tuple(f.get_slice(name).get_shape())
+            if name in expected and expected[name] != stored:
+                raise CheckpointError(
+                    f"checkpoint {str(ckpt)!r} does not fit the model: {name} is {stored} in the checkpoint but "
+                    f"{expected[name]} in the model built from the config; build the model from the checkpoint's own "
+                    "model_config (attnkit.training.load_model does).")
 
 
 def load_checkpoint(ckpt: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
