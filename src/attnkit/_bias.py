@@ -19,12 +19,16 @@ class StructuredBias:
     """
 
     num_heads: int
+    #: batch rows the bias distinguishes (1 = the same for every row); >1 means ``score`` needs ``b``
+    batch: int = 1
     #: True when ``score`` depends on the positions only through ``kv_pos - q_pos`` (ALiBi): backends may
     #: then tabulate it once per offset instead of per entry
     relative: bool = False
 
-    def score(self, h: torch.Tensor, q_pos: torch.Tensor, kv_pos: torch.Tensor) -> torch.Tensor:
-        """Bias for head index ``h``, query position ``q_pos`` and key position ``kv_pos`` (broadcasting)."""
+    def score(self, h: torch.Tensor, q_pos: torch.Tensor, kv_pos: torch.Tensor,
+              b: torch.Tensor | None = None) -> torch.Tensor:
+        """Bias for head index ``h``, query position ``q_pos`` and key position ``kv_pos`` (broadcasting); the
+        batch row ``b`` is passed by every backend (a bias with ``batch > 1`` needs it)."""
         raise NotImplementedError
 
     def reach(self, margin: torch.Tensor) -> torch.Tensor | None:
@@ -34,8 +38,11 @@ class StructuredBias:
         return None
 
     def materialize(self, q_positions: torch.Tensor, kv_positions: torch.Tensor) -> torch.Tensor:
-        """Dense float32 bias ``(B|1, H, Lq, Lk)`` for positions ``(B|1, Lq)`` and ``(B|1, Lk)``."""
+        """Dense float32 bias ``(B|1, H, Lq, Lk)`` for positions ``(B|1, Lq)`` and ``(B|1, Lk)`` (B when the
+        bias has per-row terms)."""
         h = torch.arange(self.num_heads, device=q_positions.device)[None, :, None, None]  # (1, H, 1, 1)
         q_pos = q_positions[:, None, :, None]  # (B|1, 1, Lq, 1)
         kv_pos = kv_positions[:, None, None, :]  # (B|1, 1, 1, Lk)
-        return self.score(h, q_pos, kv_pos).float()
+        rows = max(q_positions.shape[0], kv_positions.shape[0], self.batch)
+        b = torch.arange(rows, device=q_positions.device)[:, None, None, None] if self.batch > 1 else None  # (B,1,1,1)
+        return self.score(h, q_pos, kv_pos, b=b).float()

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from functools import cached_property
 
 import torch
 
 from attnkit._bias import StructuredBias
 from attnkit._checks import number as check_scalar
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
-from attnkit.masks import MaskSpec, default_positions
+from attnkit.masks import MaskSpec, PreparedMask, default_positions
 from attnkit.masks.dense import check_default_alignment
 
 
@@ -25,7 +24,10 @@ class AttentionCall:
     """A validated attention request: tensors at the backend boundary plus every option.
 
     ``q_positions``/``kv_positions`` are ``(B|1, L)`` int64 or ``None`` for the default (bottom-right
-    aligned aranges); :meth:`positions` materialises them.
+    aligned aranges); :meth:`positions` materialises them. ``mask`` is what the caller passed (a prepared
+    mask's source); ``prepared`` is the same mask as a :class:`~attnkit.masks.PreparedMask` bound to these
+    positions (None without a mask): backends read its dense form, block cover, structure and memo instead of
+    binding the mask themselves.
     """
 
     q: torch.Tensor  # (B, H, Lq, D)
@@ -39,6 +41,10 @@ class AttentionCall:
     q_positions: torch.Tensor | None
     kv_positions: torch.Tensor | None
     return_weights: bool
+    prepared: PreparedMask | None = None
+    #: a float bias tensor, or a structured bias built from tensors (parameters, buffers, anything) that
+    #: autograd must reach (asked once per call by scoring one entry, :func:`bias_needs_grad`)
+    bias_needs_grad: bool = False
 
     @property
     def batch(self) -> int:
@@ -69,22 +75,22 @@ class AttentionCall:
         return torch.is_grad_enabled() and (any(t.requires_grad for t in (self.q, self.k, self.v))
                                             or self.bias_needs_grad)
 
-    @cached_property  # asked by the router and the backends: the bias is scored once per call
-    def bias_needs_grad(self) -> bool:
-        """A float bias tensor, or a structured bias built from tensors (parameters, buffers, anything) that
-        autograd must reach: the bias is asked, by scoring one entry."""
-        if not torch.is_grad_enabled() or self.bias is None:
-            return False
-        if isinstance(self.bias, torch.Tensor):
-            return self.bias.requires_grad
-        zero = torch.zeros((), dtype=torch.long, device=self.q.device)
-        return bool(self.bias.score(zero, zero, zero).requires_grad)
-
     def positions(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Query and key positions ``(B|1, Lq)``, ``(B|1, Lk)`` int64 on q's device."""
         dq, dkv = default_positions(self.q_len, self.kv_len, self.q.device)
         return (dq if self.q_positions is None else self.q_positions,
                 dkv if self.kv_positions is None else self.kv_positions)
+
+
+def bias_needs_grad(bias: torch.Tensor | StructuredBias | None, device: torch.device) -> bool:
+    """Whether autograd must reach the bias: a float tensor that requires grad, or a structured bias whose
+    score of one entry does (a trainable parameter, anything)."""
+    if not torch.is_grad_enabled() or bias is None:
+        return False
+    if isinstance(bias, torch.Tensor):
+        return bias.requires_grad
+    zero = torch.zeros((), dtype=torch.long, device=device)
+    return bool(bias.score(zero, zero, zero, b=zero).requires_grad)
 
 
 def check_tensors(q: object, k: object, v: object) -> None:
@@ -146,7 +152,7 @@ def check_positions(positions: object, name: str, batch: int, length: int, devic
     return positions.long().reshape(-1, length)  # (B|1, L)
 
 
-def check_mask(mask: object, shape: tuple[int, int, int, int]) -> None:
+def check_mask(mask: object, shape: tuple[int, int, int, int], device: torch.device | None = None) -> None:
     if mask is None:
         return
     if isinstance(mask, MaskSpec):  # its data must fit the call (a dense part built for other heads, a padding batch)
@@ -156,8 +162,13 @@ def check_mask(mask: object, shape: tuple[int, int, int, int]) -> None:
                 f"mask {mask!r} holds data for batch {mask.batch} and {mask.heads} heads, which does not broadcast "
                 f"to (B, H, Lq, Lk)={shape}; build its tensors with batch 1 or B={B} and heads 1 or H={H}.")
         return
+    if isinstance(mask, PreparedMask):
+        B, _, Lq, Lk = shape
+        mask.check_call(B, Lq, Lk, device if device is not None else mask.device)
+        return
     if not isinstance(mask, torch.Tensor):
-        raise AttnkitTypeError(f"mask must be an attnkit mask (ak.masks.*), a bool tensor or None, got {describe(mask)}.")
+        raise AttnkitTypeError(f"mask must be an attnkit mask (ak.masks.*), a prepared mask (ak.masks.prepare), a bool "
+                               f"tensor or None, got {describe(mask)}.")
     if mask.dtype != torch.bool:
         raise AttnkitTypeError(
             f"mask must be boolean (True = may attend), got {describe(mask)}; pass additive float masks as bias= "
@@ -173,6 +184,9 @@ def check_bias(bias: object, shape: tuple[int, int, int, int], num_heads: int) -
         if bias.num_heads != num_heads:
             raise AttnkitValueError(f"bias {type(bias).__name__} was built for {bias.num_heads} heads but q has "
                                     f"{num_heads}; build it with num_heads={num_heads}.")
+        if getattr(bias, "batch", 1) not in (1, shape[0]):
+            raise AttnkitValueError(f"bias {type(bias).__name__} has per-row terms for batch {bias.batch} but q has "
+                                    f"batch {shape[0]}; give it one row of slopes per batch row (or one for all).")
         return
     if not isinstance(bias, torch.Tensor) or not bias.dtype.is_floating_point:
         raise AttnkitTypeError(f"bias must be a float tensor broadcastable to (B, H, Lq, Lk) or a structured bias "
@@ -198,7 +212,7 @@ def build_call(q, k, v, mask=None, *, bias=None, scale=None, softcap=None, dropo
     check_tensors(q, k, v)
     B, H, Lq, D = q.shape
     shape = (B, H, Lq, k.shape[2])
-    check_mask(mask, shape)
+    check_mask(mask, shape, q.device)
     check_bias(bias, shape, H)
     reads = [what for what, on in ((f"mask {mask!r}", getattr(mask, "positional", False)),
                                    (f"bias {type(bias).__name__}", isinstance(bias, StructuredBias))) if on]
@@ -214,9 +228,14 @@ def build_call(q, k, v, mask=None, *, bias=None, scale=None, softcap=None, dropo
     if not isinstance(return_weights, bool):
         raise AttnkitTypeError(f"return_weights must be True or False, got {describe(return_weights)}; pass a bool "
                                "(a string such as 'no' is not one).")
-    return AttentionCall(
-        q, k, v, mask, bias, scale, softcap, dropout_p,
-        check_positions(q_positions, "q_positions", B, Lq, q.device),
-        check_positions(kv_positions, "kv_positions", B, k.shape[2], q.device),
-        return_weights,
-    )
+    q_positions = check_positions(q_positions, "q_positions", B, Lq, q.device)
+    kv_positions = check_positions(kv_positions, "kv_positions", B, k.shape[2], q.device)
+    prepared = mask
+    if isinstance(mask, PreparedMask):  # its positions are the call's (given ones must equal them)
+        q_positions = mask.same_positions("q_positions", q_positions)
+        kv_positions = mask.same_positions("kv_positions", kv_positions)
+        mask = mask.source
+    elif mask is not None:
+        prepared = PreparedMask.for_call(mask, q_positions, kv_positions, B, Lq, k.shape[2], q.device)
+    return AttentionCall(q, k, v, mask, bias, scale, softcap, dropout_p, q_positions, kv_positions,
+                         return_weights, prepared, bias_needs_grad(bias, q.device))

@@ -114,3 +114,35 @@ def test_alibi_and_masks_never_build_an_lq_by_lk_tensor(monkeypatch):
     ak.attention(q, k, v, M.causal(), bias=ak.positions.ALiBi(2), backend="blocksparse")
     ak.attention(q, k, v, M.sliding_window(64) | M.global_tokens([0]), backend="blocksparse")
     assert largest and max(largest) <= block_plan.MAX_PIECE * L < L * L
+
+
+SOFTCAP_MASKS = {"none": None, "causal": M.causal(), "window": M.sliding_window(40),
+                 "docs": M.document(torch.arange(160)[None] // 50) & M.causal(), "chunked": M.chunked(48)}
+
+
+@pytest.mark.parametrize("name", list(SOFTCAP_MASKS))
+@pytest.mark.parametrize("bias", [None, "alibi"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_softcap_with_gradients(name, bias, dtype):
+    """Logit softcapping on blocksparse, forward and backward, against the float64 reference (issue 11)."""
+    mask = SOFTCAP_MASKS[name]
+    bias = ak.positions.ALiBi(4) if bias else None
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(2, n, 160, 24, generator=g) * 3 for n in (4, 2, 2))  # * 3: scores beyond the cap
+    kwargs = {"bias": bias, "softcap": 5.0}
+    golden, golden_g = run_with_grads(lambda *t: ak.reference_attention(*t, mask, **kwargs),
+                                      [t.double() for t in (q, k, v)])
+    low = [t.to(dtype) for t in (q, k, v)]
+    ref, ref_g = run_with_grads(lambda *t: ak.reference_attention(*t, mask, **kwargs), low)
+    out, out_g = run_with_grads(lambda *t: ak.attention(*t, mask, backend="blocksparse", **kwargs), low)
+    assert_within_rule(out, ref, golden)
+    for got, want, gold, what in zip(out_g, ref_g, golden_g, "qkv"):
+        assert_within_rule(got, want, gold, factor=3.0, what=f"d{what}")
+
+
+def test_softcap_with_gradients_on_cpu_routes_to_blocksparse():
+    """Before: softcap with gradients fell to math's full (B, H, Lq, Lk) scores on CPU."""
+    q, k, v = (torch.randn(1, 2, 4096, 8, requires_grad=True) for _ in range(3))
+    e = ak.explain(q, k, v, M.sliding_window(256), softcap=30.0)
+    assert e.chosen == "blocksparse" and "reachable key blocks" in e.why[0]
+    assert ak.explain(q, k, v, None, softcap=30.0).chosen == "blocksparse"  # no mask: tiled, still no Lq x Lk

@@ -41,12 +41,14 @@ def test_mods_match_reference_on_eager_flex(mask, kwargs):
     torch.testing.assert_close(out, ref, rtol=1e-4, atol=1e-5)
 
 
-def test_block_mask_is_cached_per_mask_and_shape():
+def test_block_mask_is_built_once_per_prepared_mask():
+    """Shared by the layers of a forward (one prepared mask); never kept across calls (issue 16 item 2)."""
     q, k, v = _qkv()
     mask = M.sliding_window(9)
-    call = build_call(q, k, v, mask)
-    assert block_mask_for(call) is block_mask_for(build_call(q, k, v, mask))
-    assert block_mask_for(call) is not block_mask_for(build_call(q[:, :, :40], k[:, :, :40], v[:, :, :40], mask))
+    prepared = M.prepare(mask, q.shape[2])
+    call = build_call(q, k, v, prepared)
+    assert block_mask_for(call) is block_mask_for(build_call(q, k, v, prepared))
+    assert block_mask_for(build_call(q, k, v, mask)) is not block_mask_for(build_call(q, k, v, mask))
 
 
 def test_compiled_flex_inference_matches_reference():

@@ -4,8 +4,12 @@ A backend that can't serve a case must refuse it with reasons when forced; it ma
 
 The grid is shaped to stay fast with many backends: every mask on every shape in float32; the low-precision
 dtypes on two shapes; options on the masks they interact with; block edges (1, 63, 64, 65, 127, 129, 1000)
-with the masks whose tiles change there. flex runs its own few small tests (test_flex.py): on CPU it has no
-backward and compiles for seconds per shape.
+with the masks whose tiles change there.
+
+The grid is parametrised by device: on a CUDA machine every case also runs there, with flex in the grid
+(forward and backward; SDPA's CUDA kernels); on CPU those cases skip with a reason, and flex runs its own few
+small tests (test_flex.py: on CPU it has no backward and compiles for seconds per shape). A refusal is not a
+pass: :func:`test_each_backend_serves_its_share` asserts that each backend serves a stated share of the grid.
 """
 
 from __future__ import annotations
@@ -72,7 +76,16 @@ EXTRAS = {
                                           "q_positions": torch.arange(Lk - Lq, Lk) + 100},
 }
 
-BACKENDS = [b for b in ak.backends.available() if b != "flex"]
+CUDA = torch.cuda.is_available()
+DEVICES = [pytest.param("cpu"), pytest.param("cuda", marks=pytest.mark.skipif(
+    not CUDA, reason="no CUDA device: the CUDA cases (SDPA's CUDA kernels, flex with backward) run on a CUDA machine"))]
+#: backends in the grid per device (flex on CPU: no backward, seconds of compiling per shape; see test_flex.py)
+GRID_BACKENDS = {"cpu": [b for b in ak.backends.available() if b != "flex"], "cuda": ak.backends.available()}
+BACKENDS = sorted(set(GRID_BACKENDS["cpu"]) | set(GRID_BACKENDS["cuda"]))
+#: the share of its grid cases each backend must serve (not refuse), per device: sdpa refuses only softcap
+#: (32 of 260 cases), flex only dense float biases (32 of 260), blocksparse and math nothing
+SERVED_SHARE = {("cpu", "math"): 1.0, ("cpu", "sdpa"): 0.85, ("cpu", "blocksparse"): 1.0,
+                ("cuda", "math"): 1.0, ("cuda", "sdpa"): 0.85, ("cuda", "blocksparse"): 1.0, ("cuda", "flex"): 0.85}
 LOW_DTYPES = [torch.bfloat16, torch.float16]
 LOW_SHAPES = ["gqa-65-d59", "mqa-63x129"]
 SHAPE_BY_ID = dict(zip(SHAPE_IDS, SHAPES))
@@ -99,17 +112,28 @@ def _to(kwargs, dtype):
     return {k: (v.to(dtype) if isinstance(v, torch.Tensor) and v.is_floating_point() else v) for k, v in kwargs.items()}
 
 
-def check_backend(backend, dtype, shape, mask_name, extra_name, seed=0, masks=MASKS, zero_q_grad=False):
+def _case(device, dtype, shape, mask_name, extra_name, seed=0, masks=MASKS):
+    """The inputs of one grid case on ``device``: ``q, k, v, mask, kwargs``."""
     B, H, Hkv, Lq, Lk, D = shape
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, H, Lq, D, generator=g).to(dtype)
-    k = torch.randn(B, Hkv, Lk, D, generator=g).to(dtype)
-    v = torch.randn(B, Hkv, Lk, D, generator=g).to(dtype)
+    q = torch.randn(B, H, Lq, D, generator=g).to(device, dtype)
+    k = torch.randn(B, Hkv, Lk, D, generator=g).to(device, dtype)
+    v = torch.randn(B, Hkv, Lk, D, generator=g).to(device, dtype)
     mask = masks[mask_name](B, Lq, Lk, g)
-    kwargs = EXTRAS[extra_name](B, H, Lq, Lk, g)
+    mask = mask.to(device) if isinstance(mask, torch.Tensor) else mask  # mask data moves with the call
+    kwargs = {name: t.to(device) if isinstance(t, torch.Tensor) else t
+              for name, t in EXTRAS[extra_name](B, H, Lq, Lk, g).items()}
+    return q, k, v, mask, kwargs
+
+
+def check_backend(backend, dtype, shape, mask_name, extra_name, seed=0, masks=MASKS, zero_q_grad=False,
+                  device="cpu"):
+    if backend not in GRID_BACKENDS[device]:
+        pytest.skip(f"{backend} is not in the {device} grid (see the module docstring)")
+    q, k, v, mask, kwargs = _case(device, dtype, shape, mask_name, extra_name, seed, masks)
 
     reasons = ak.backends.get(backend).supports(build_call(q, k, v, mask, **kwargs))
-    if reasons:
+    if reasons:  # refusing is not passing: test_each_backend_serves_its_share bounds how often it happens
         with pytest.raises(BackendUnsupportedError, match="can't serve this call"):
             ak.attention(q, k, v, mask, backend=backend, **kwargs)
         return
@@ -130,35 +154,83 @@ def check_backend(backend, dtype, shape, mask_name, extra_name, seed=0, masks=MA
         assert_within_rule(got, r, gg, factor=3.0, what=f"{backend} grad {name}")
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("shape", SHAPES, ids=SHAPE_IDS)
 @pytest.mark.parametrize("mask_name", list(MASKS))
-def test_masks_against_reference(backend, shape, mask_name):
-    check_backend(backend, torch.float32, shape, mask_name, "plain")
+def test_masks_against_reference(device, backend, shape, mask_name):
+    check_backend(backend, torch.float32, shape, mask_name, "plain", device=device)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("dtype", LOW_DTYPES, ids=str)
 @pytest.mark.parametrize("shape_id", LOW_SHAPES)
 @pytest.mark.parametrize("mask_name", list(MASKS))
-def test_masks_low_precision(backend, dtype, shape_id, mask_name):
-    check_backend(backend, dtype, SHAPE_BY_ID[shape_id], mask_name, "plain")
+def test_masks_low_precision(device, backend, dtype, shape_id, mask_name):
+    check_backend(backend, dtype, SHAPE_BY_ID[shape_id], mask_name, "plain", device=device)
 
 
+OPTION_GRID = {"dtype": [torch.float32, torch.bfloat16], "shape_id": ["mha-7", "gqa-65-d59", "mqa-63x129", "decode-1x127"],
+               "mask_name": ["none", "causal", "window5", "document_causal"],
+               "extra_name": [e for e in EXTRAS if e != "plain"]}
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-@pytest.mark.parametrize("shape_id", ["mha-7", "gqa-65-d59", "mqa-63x129", "decode-1x127"])
-@pytest.mark.parametrize("mask_name", ["none", "causal", "window5", "document_causal"])
-@pytest.mark.parametrize("extra_name", [e for e in EXTRAS if e != "plain"])
-def test_options_against_reference(backend, dtype, shape_id, mask_name, extra_name):
-    check_backend(backend, dtype, SHAPE_BY_ID[shape_id], mask_name, extra_name)
+@pytest.mark.parametrize("dtype", OPTION_GRID["dtype"], ids=str)
+@pytest.mark.parametrize("shape_id", OPTION_GRID["shape_id"])
+@pytest.mark.parametrize("mask_name", OPTION_GRID["mask_name"])
+@pytest.mark.parametrize("extra_name", OPTION_GRID["extra_name"])
+def test_options_against_reference(device, backend, dtype, shape_id, mask_name, extra_name):
+    check_backend(backend, dtype, SHAPE_BY_ID[shape_id], mask_name, extra_name, device=device)
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("length", EDGE_LENGTHS)
 @pytest.mark.parametrize("mask_name", list(EDGE_MASKS))
-def test_block_edges(backend, length, mask_name):
+def test_block_edges(device, backend, length, mask_name):
     shape = (1, 2, 1, length, length, 16) if length > 200 else (2, 4, 2, length, length, 8)
     # with one key (length 1) the softmax is constant, so grad q is 0 up to rounding: the 2x rule's floor
     # (relative to |golden| = 0) is below one rounding step of the kernels' backward there
-    check_backend(backend, torch.float32, shape, mask_name, "plain", masks=EDGE_MASKS, zero_q_grad=length == 1)
+    check_backend(backend, torch.float32, shape, mask_name, "plain", masks=EDGE_MASKS, zero_q_grad=length == 1,
+                  device=device)
+
+
+def _grid_cases():
+    """Every (dtype, shape, mask, extra, masks) case of the four grids above."""
+    for shape in SHAPES:
+        for mask_name in MASKS:
+            yield torch.float32, shape, mask_name, "plain", MASKS
+    for dtype in LOW_DTYPES:
+        for shape_id in LOW_SHAPES:
+            for mask_name in MASKS:
+                yield dtype, SHAPE_BY_ID[shape_id], mask_name, "plain", MASKS
+    for dtype in OPTION_GRID["dtype"]:
+        for shape_id in OPTION_GRID["shape_id"]:
+            for mask_name in OPTION_GRID["mask_name"]:
+                for extra_name in OPTION_GRID["extra_name"]:
+                    yield dtype, SHAPE_BY_ID[shape_id], mask_name, extra_name, MASKS
+    for length in EDGE_LENGTHS:
+        for mask_name in EDGE_MASKS:
+            shape = (1, 2, 1, length, length, 16) if length > 200 else (2, 4, 2, length, length, 8)
+            yield torch.float32, shape, mask_name, "plain", EDGE_MASKS
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_each_backend_serves_its_share(device):
+    """A refusal is not a pass: each backend in the grid serves at least its stated share of the cases (asked
+    by ``supports``, exactly as the grid tests ask before they run or expect a refusal)."""
+    served = {b: 0 for b in GRID_BACKENDS[device]}
+    total = 0
+    with torch.enable_grad():
+        for dtype, shape, mask_name, extra_name, masks in _grid_cases():
+            q, k, v, mask, kwargs = _case(device, dtype, shape, mask_name, extra_name, masks=masks)
+            call = build_call(*(t.requires_grad_() for t in (q, k, v)), mask, **kwargs)  # the grid runs with grads
+            total += 1
+            for b in served:
+                served[b] += not ak.backends.get(b).supports(call)
+    for b, n in served.items():
+        want = SERVED_SHARE[(device, b)]
+        assert n >= want * total, f"{b} on {device} serves {n} of {total} grid cases ({n / total:.0%}), below {want:.0%}"

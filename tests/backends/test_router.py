@@ -38,7 +38,7 @@ def _no_flex_opt_in():
     (M.causal() & M.strided(64), {}, 4096, None, "blocksparse"),
     (M.document(torch.arange(4096)[None] // 256) & M.causal(), {}, 4096, None, "blocksparse"),
     (M.sliding_window(256), {"return_weights": True}, 4096, None, "math"),
-    (M.sliding_window(256), {"softcap": 5.0}, 4096, None, "math"),  # SDPA-based backends have no softcap
+    (M.sliding_window(256), {"softcap": 5.0}, 4096, None, "blocksparse"),  # softcap in the tiled kernel
     ("bool", {}, 4096, None, "sdpa"),  # a dense tensor is already Lq x Lk
 ])
 def test_auto_choice_cpu(mask, kwargs, L, Lq, expected):
@@ -76,7 +76,6 @@ def test_explain_reports_the_choice_and_the_reasons():
 
 @pytest.mark.parametrize("kwargs, match", [
     ({"return_weights": True}, "does not return attention weights"),
-    ({"softcap": 3.0}, "no logit softcap"),
 ])
 def test_blocksparse_refuses_with_reasons(kwargs, match):
     q, k, v = qkv(64)
@@ -94,3 +93,106 @@ def test_flex_refuses_with_reasons(kwargs, grad, match):
     q, k, v = qkv(64, grad=grad)
     with pytest.raises(BackendUnsupportedError, match=match):
         ak.attention(q, k, v, M.causal(), backend="flex", **kwargs)
+
+
+class ToyBackend:
+    """Serves calls with head dim 7 only (math underneath), ranked above everything there."""
+
+    def __init__(self, name="toy", score=100.0):
+        self.name, self.score, self.served = name, score, 0
+
+    def available(self):
+        return []
+
+    def supports(self, call):
+        return [] if call.q.shape[-1] == 7 else [f"toy serves head dim 7 only, got {call.q.shape[-1]}"]
+
+    def rank(self, call):
+        return ak.backends.Rank(self.score, "toy: head dim 7 is all it knows")
+
+    def plan(self, call):
+        return "toy plan"
+
+    def __call__(self, call):
+        self.served += 1
+        return ak.backends.get("math")(call)
+
+
+@pytest.fixture
+def toy():
+    backend = ToyBackend()
+    ak.backends.register(backend)
+    try:
+        yield backend
+    finally:
+        ak.backends.unregister("toy")
+    assert "toy" not in ak.backends.available()
+
+
+def test_a_registered_backend_is_chosen_where_it_ranks_first(toy):
+    q7, k7, v7 = (torch.randn(1, 2, 16, 7) for _ in range(3))
+    e = ak.explain(q7, k7, v7, M.causal())
+    assert e.chosen == "toy" and e.why == ["toy: head dim 7 is all it knows"] and e.plan == "toy plan"
+    assert "sdpa: could serve, ranks lower (30:" in str(e)
+    out = ak.attention(q7, k7, v7, M.causal())
+    assert toy.served == 1
+    torch.testing.assert_close(out, ak.reference_attention(q7, k7, v7, M.causal()))
+    q, k, v = qkv(64)  # head dim 8: the toy can't serve, auto picks as before
+    e = ak.explain(q, k, v, M.causal())
+    assert e.chosen == "sdpa" and e.reasons["toy"] == ["toy serves head dim 7 only, got 8"]
+    ak.attention(q, k, v, M.causal())
+    assert toy.served == 1
+
+
+def test_a_backend_ranked_below_math_is_never_auto_chosen():
+    low = ToyBackend("low", score=-1.0)
+    ak.backends.register(low)
+    try:
+        q7, k7, v7 = (torch.randn(1, 2, 16, 7) for _ in range(3))
+        assert ak.explain(q7, k7, v7, M.causal()).chosen == "sdpa"
+        assert ak.explain(q7, k7, v7, M.causal(), return_weights=True).chosen == "math"  # toy: -1 < math: 0
+        ak.attention(q7, k7, v7, M.causal(), backend="low")  # asked for by name: it serves
+        assert low.served == 1
+    finally:
+        ak.backends.unregister("low")
+
+
+def test_register_and_unregister_errors():
+    with pytest.raises(ak.errors.AttnkitTypeError, match=r"register expects a backend .* missing \['rank'\]"):
+        ak.backends.register(type("NoRank", (), {"name": "norank", "available": lambda s: [], "supports": lambda s, c: [],
+                                                 "plan": lambda s, c: "", "__call__": lambda s, c: None})())
+    with pytest.raises(ak.errors.AttnkitTypeError, match=r"register expects a backend with a str name \(not 'auto'\)"):
+        ak.backends.register(ToyBackend("auto"))
+    with pytest.raises(ak.errors.AttnkitValueError, match="backend 'math' can't be unregistered"):
+        ak.backends.unregister("math")
+    with pytest.raises(ak.errors.AttnkitValueError, match="unknown backend 'nope'"):
+        ak.backends.unregister("nope")
+
+
+def test_flex_refuses_float64_on_cpu_even_when_compiling_is_allowed():
+    """Issue 16 item 21: the router picked flex for fp64 on CPU, which flex can't run."""
+    flex.allow_cpu_compile(True)
+    q, k, v = (t.double() for t in qkv(4096))
+    e = ak.explain(q, k, v, M.sliding_window(256))
+    assert e.chosen == "blocksparse"
+    assert e.reasons["flex"] == ["flex on CPU has no float64 kernel (use float32 or bfloat16, or another backend)"]
+    with pytest.raises(BackendUnsupportedError, match="flex on CPU has no float64 kernel"):
+        ak.attention(q[:, :, :64], k[:, :, :64], v[:, :, :64], M.causal(), backend="flex")
+
+
+def test_softcap_on_cpu_needs_no_compile_and_explain_gives_the_reason_used():
+    """Issue 16 item 21: softcap on CPU compiled flex (25 s) although compiling was not allowed, and explain
+    gave SDPA's reason."""
+    q, k, v = qkv(4096)
+    e = ak.explain(q, k, v, M.sliding_window(256), softcap=5.0)
+    assert e.chosen == "blocksparse"  # the tiled kernel applies the softcap: no compile, no Lq x Lk scores
+    assert e.why == [ak.backends.get(e.chosen).rank(_call(q, k, v, M.sliding_window(256), softcap=5.0)).reason]
+    assert "compiling on CPU was not allowed" in str(e)
+    flex.allow_cpu_compile(True)  # allowed, inference, long and structured: flex ranks first
+    e = ak.explain(q, k, v, M.sliding_window(256), softcap=5.0)
+    assert e.chosen == "flex" and "flex skips empty blocks (CPU inference, compiling allowed)" in e.why[0]
+
+
+def _call(q, k, v, mask, **kwargs):
+    from attnkit._validation import build_call
+    return build_call(q, k, v, mask, **kwargs)

@@ -92,6 +92,9 @@ def build(name: str, world: int) -> Case:
         allowed = torch.ones(L, L, dtype=torch.bool).tril()
         allowed[layout.index(world - 1)] = False
         return Case(q, k, v, ak.masks.dense(allowed), None, layout, "auto", with_lse_grad=False)
+    if name == "chunked":  # Llama 4 local layers: causal inside chunks of 8 (a custom rule: probed exactly)
+        m = causal & ak.masks.custom(lambda b, h, q_pos, kv_pos: q_pos // 8 == kv_pos // 8, "chunk8")
+        return Case(q, k, v, m, None, akd.contiguous(L, world), "auto")
     if name == "bidirectional_softcap_gqa":
         q, k, v = _tensors(5, B, H, 2, L, D)
         return Case(q, k, v, None, None, akd.contiguous(L, world), "auto", softcap=3.0)
@@ -100,7 +103,7 @@ def build(name: str, world: int) -> Case:
 
 NAMES = ["causal_zigzag", "causal_contiguous_all_gather", "window_ring", "window_alibi_gqa",
          "alibi_causal_mqa_ring", "document", "document_ring", "padding_causal", "padding_empty_row",
-         "empty_shard", "bidirectional_softcap_gqa"]
+         "empty_shard", "bidirectional_softcap_gqa", "chunked"]
 
 
 def cotangents(case: Case):
@@ -109,12 +112,12 @@ def cotangents(case: Case):
     return torch.randn(*shape, case.v.shape[-1], generator=g), torch.randn(*shape, generator=g)
 
 
-def run_shard(case: Case, rank: int, group=None):
+def run_shard(case: Case, rank: int, group=None, device: str = "cpu"):
     """This rank's forward + backward: returns (out, lse, dq, dk, dv) shards and the message log."""
     layout = case.layout
-    q, k, v = (layout.shard(t, rank).clone().requires_grad_(True) for t in (case.q, case.k, case.v))
+    q, k, v = (layout.shard(t, rank).to(device).requires_grad_(True) for t in (case.q, case.k, case.v))
     cot_out, cot_lse = cotangents(case)
-    cot_out, cot_lse = layout.shard(cot_out, rank), layout.shard(cot_lse, rank, dim=-1)
+    cot_out, cot_lse = layout.shard(cot_out, rank).to(device), layout.shard(cot_lse, rank, dim=-1).to(device)
     with akd.count_messages() as log:
         out, lse = akd.context_parallel_attention(
             q, k, v, case.mask, bias=case.bias, softcap=case.softcap, positions=case.positions, layout=layout,
@@ -123,19 +126,23 @@ def run_shard(case: Case, rank: int, group=None):
         if case.with_lse_grad:
             loss = loss + (lse * cot_lse).sum()
         loss.backward()
-    return (out.detach(), lse.detach(), q.grad, k.grad, v.grad), log
+    return tuple(t.cpu() for t in (out.detach(), lse.detach(), q.grad, k.grad, v.grad)), log
 
 
-def worker(rank: int, world: int, init_file: str, out_dir: str, names: list[str]) -> None:
+def worker(rank: int, world: int, init_file: str, out_dir: str, names: list[str], backend: str = "gloo") -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    device = "cpu"
+    if backend == "nccl":
+        torch.cuda.set_device(rank)
+        device = f"cuda:{rank}"
+    dist.init_process_group(backend, init_method=f"file://{init_file}", rank=rank, world_size=world)
     try:
         results = {}
         for name in names:
             case = build(name, world)
-            tensors, log = run_shard(case, rank)
+            tensors, log = run_shard(case, rank, device=device)
             explanation = akd.explain(*(case.layout.shard(t, rank) for t in (case.q, case.k, case.v)), case.mask,
                                       bias=case.bias, positions=case.positions, layout=case.layout,
                                       strategy=case.strategy, tile=case.tile)
@@ -146,10 +153,10 @@ def worker(rank: int, world: int, init_file: str, out_dir: str, names: list[str]
         dist.destroy_process_group()
 
 
-def spawn(world: int, tmp_dir: str, names: list[str] = NAMES) -> list[dict]:
-    """Run ``names`` on ``world`` spawned gloo processes; returns each rank's results."""
+def spawn(world: int, tmp_dir: str, names: list[str] = NAMES, backend: str = "gloo") -> list[dict]:
+    """Run ``names`` on ``world`` spawned processes (gloo on CPU, nccl on one GPU each); each rank's results."""
     import torch.multiprocessing as mp
 
     init_file = os.path.join(tmp_dir, "init")
-    mp.start_processes(worker, args=(world, init_file, tmp_dir, names), nprocs=world, start_method="spawn")
+    mp.start_processes(worker, args=(world, init_file, tmp_dir, names, backend), nprocs=world, start_method="spawn")
     return [torch.load(os.path.join(tmp_dir, f"rank{r}.pt"), weights_only=False) for r in range(world)]

@@ -157,3 +157,49 @@ def test_errors_name_the_argument_and_the_fix():
         akd.context_parallel_attention(q, k, v, mask=torch.ones(1, 3, 29, 29, dtype=torch.bool))
     with pytest.raises(ValueError, match="tile must be a positive int, got 0"):
         akd.context_parallel_attention(q, k, v, tile=0)
+
+
+# ----------------------------------------------------------------------------- the sharded scope
+
+
+def test_model_inside_a_one_rank_scope_equals_the_model():
+    """The backend path in one process: layers switch to context_parallel inside, back outside, same output."""
+    from attnkit.models.builders import build_lm
+
+    torch.manual_seed(0)
+    model = build_lm("nano", positions="alibi")
+    tokens = torch.randint(0, 200, (2, 21))
+    doc_ids = torch.tensor([0] * 12 + [1] * 9).expand(2, -1)
+    positions = torch.cat([torch.arange(12), torch.arange(9)])[None].expand(2, -1)
+    expected = model(tokens, positions=positions, doc_ids=doc_ids)
+    layout = akd.layout_for(ak.masks.document(doc_ids) & ak.masks.causal(), 21, 1)
+    with akd.sharded(layout, ak.masks.document(doc_ids), positions=positions, modules=model):
+        assert {m.backend for m in model.modules() if isinstance(m, ak.nn.MultiHeadAttention)} == {"context_parallel"}
+        got = model(tokens, positions=positions)  # no doc_ids: the scope's document mask covers the row
+    assert {m.backend for m in model.modules() if isinstance(m, ak.nn.MultiHeadAttention)} == {"auto"}
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_backend_serves_nothing_outside_a_scope():
+    q, k, v = _qkv()
+    assert "context_parallel" not in ak.backends.available()
+    with pytest.raises(NotImplementedError, match="serves calls only inside attnkit.distributed.sharded"):
+        ak.attention(q, k, v, backend="context_parallel")
+    with akd.sharded(akd.contiguous(29, 1), None):
+        with pytest.raises(NotImplementedError, match="has no attention dropout"):
+            ak.attention(q, k, v, backend="context_parallel", dropout_p=0.1)
+        with pytest.raises(NotImplementedError, match="returns no weights"):
+            ak.attention(q, k, v, backend="context_parallel", return_weights=True)
+        with pytest.raises(NotImplementedError, match="a dense bias tensor has no shard to split"):
+            ak.attention(q, k, v, backend="context_parallel", bias=torch.zeros(29, 29))
+        with pytest.raises(NotImplementedError, match="a dense mask tensor built from one shard"):
+            ak.attention(q, k, v, torch.ones(29, 29, dtype=torch.bool), backend="context_parallel")
+
+
+def test_gradient_checkpointing_is_refused():
+    from attnkit.models.builders import build_lm
+
+    model = build_lm("nano")
+    model.gradient_checkpointing = True
+    with pytest.raises(NotImplementedError, match="with gradient checkpointing"):
+        akd.check_model(model)

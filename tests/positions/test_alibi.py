@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+import attnkit as ak
 from attnkit._bias import StructuredBias
 from attnkit.errors import AttnkitTypeError, AttnkitValueError
 from attnkit.positions import ALiBi, alibi_slopes
@@ -132,3 +133,52 @@ def test_errors(make):
         make(8.0)
     with pytest.raises(AttnkitTypeError, match=r"num_heads must be an int, got True"):
         make(True)
+
+
+def _dense_alibi(slopes, L):
+    """``-m * |i - j|`` written out: ``(B|1, H, L, L)`` float32 (the oracle for arbitrary slopes)."""
+    d = (torch.arange(L)[:, None] - torch.arange(L)[None, :]).abs().float()  # (L, L)
+    m = slopes if slopes.dim() == 2 else slopes[None]  # (B|1, H)
+    return -m[:, :, None, None] * d  # (B|1, H, L, L)
+
+
+@pytest.mark.parametrize("slopes", [torch.tensor([0.5, 0.0, 0.03, -0.02]),  # any sign, zero included
+                                    torch.tensor([[0.5, 0.1, 0.03, 0.2], [0.01, 0.7, 0.0, 0.3]])],  # per (b, h)
+                         ids=["per_head", "per_batch_head"])
+@pytest.mark.parametrize("backend", ["auto", "sdpa", "blocksparse", "math"])
+def test_arbitrary_slopes_on_every_backend(slopes, backend):
+    from oracle import assert_within_rule
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(2, n, 300, 16, generator=g) for n in (4, 2, 2))
+    alibi = ak.positions.ALiBi(4, slopes=slopes)
+    mask = ak.masks.causal()
+    dense = _dense_alibi(slopes, 300)
+    golden = ak.reference_attention(q.double(), k.double(), v.double(), mask, bias=dense.double())
+    ref = ak.reference_attention(q, k, v, mask, bias=dense)
+    out = ak.attention(q, k, v, mask, bias=alibi, backend=backend)
+    assert_within_rule(out, ref, golden)
+    torch.testing.assert_close(alibi.materialize(torch.arange(300)[None], torch.arange(300)[None]),
+                               dense.expand(slopes.shape[0] if slopes.dim() == 2 else 1, -1, -1, -1))
+
+
+def test_arbitrary_slopes_are_saved_and_parameters_stay_trainable():
+    alibi = ak.positions.ALiBi(2, slopes=torch.tensor([0.3, 0.1]))
+    assert torch.equal(alibi.state_dict()["slopes"], torch.tensor([0.3, 0.1]))
+    assert "slopes" not in ak.positions.ALiBi(2).state_dict()  # the paper's slopes are recomputed, not saved
+    trainable = ak.positions.ALiBi(2, slopes=torch.nn.Parameter(torch.tensor([0.3, 0.1])))
+    assert [n for n, _ in trainable.named_parameters()] == ["slopes"]
+
+
+def test_slope_errors():
+    with pytest.raises(AttnkitTypeError, match=r"ALiBi slopes must be a float tensor \(H,\) or \(B, H\), got"):
+        ak.positions.ALiBi(2, slopes=[0.5, 0.25])
+    with pytest.raises(AttnkitValueError, match=r"ALiBi slopes must have shape \(2,\) or \(B, 2\) for num_heads=2"):
+        ak.positions.ALiBi(2, slopes=torch.ones(3))
+    with pytest.raises(AttnkitValueError, match="ALiBi slopes must be finite"):
+        ak.positions.ALiBi(2, slopes=torch.tensor([0.5, float("inf")]))
+    per_row = ak.positions.ALiBi(2, slopes=torch.ones(3, 2))
+    with pytest.raises(AttnkitValueError, match=r"ALiBi with per-row slopes \(3, 2\) needs the batch index b"):
+        per_row.score(torch.tensor(0), torch.tensor(0), torch.tensor(1))
+    q = torch.randn(2, 2, 5, 8)
+    with pytest.raises(AttnkitValueError, match="bias ALiBi has per-row terms for batch 3 but q has batch 2"):
+        ak.attention(q, q, q, bias=per_row)

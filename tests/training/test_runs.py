@@ -151,7 +151,8 @@ def test_a_second_run_in_a_folder_still_training_is_refused(tmp_path):
     train(small_config(run, steps=4, ckpt_every=4), log=_quiet)
     holder = subprocess.Popen([sys.executable, "-c", (
         "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
-        "fcntl.flock(fd, fcntl.LOCK_EX); os.ftruncate(fd, 0); os.write(fd, b'pid 4242'); print('locked', flush=True); time.sleep(60)"),
+        "fcntl.flock(fd, fcntl.LOCK_EX); os.ftruncate(fd, 0); os.write(fd, b'pid 4242'); "
+        "print('locked', flush=True); time.sleep(60)"),
         str(run / ".attnkit.lock")], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "locked"

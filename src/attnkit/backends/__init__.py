@@ -1,6 +1,8 @@
 """Attention backends behind one signature, and the router that picks the fastest capable one."""
 
 from attnkit.backends.dispatch import attention, explain
-from attnkit.backends.registry import Explanation, available, get, register, select
+from attnkit.backends.base import Rank
+from attnkit.backends.registry import Explanation, available, get, ranking, register, select, unregister
 
-__all__ = ["attention", "explain", "available", "get", "register", "select", "Explanation"]
+__all__ = ["attention", "explain", "available", "get", "register", "unregister", "select", "ranking", "Rank",
+           "Explanation"]

@@ -1,15 +1,34 @@
-"""The backend protocol: one signature, and a list of reasons for every request a backend can't serve.
+"""The backend protocol: one signature; every backend says whether it can serve a call (reasons when not)
+and how well (a :class:`Rank`), and ``backend="auto"`` sorts the registered backends by that rank.
+
+Adding a backend is one file and one ``ak.backends.register(MyBackend())``: nothing else lists backends.
 
 Shape legend: B batch, H query heads, Hkv key/value heads, Lq/Lk lengths, D head dim.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
+from attnkit._bias import StructuredBias
 from attnkit._validation import AttentionCall
+
+
+@dataclass(frozen=True)
+class Rank:
+    """How well a backend serves a call: the highest ``score`` wins (ties: registration order).
+
+    The built-in scale: 40 flex (compiled, skips blocks), 30 one fused SDPA kernel is best, 20 a
+    block-skipping path pays off, 10 SDPA with a dense mask on a long call, 5 blocksparse where SDPA is as good,
+    0 math (the fallback, serves everything), below 0 "can serve but should not unless asked" (flex compiling
+    on CPU without permission). ``reason`` is one line: ``ak.explain`` prints it as the choice's why.
+    """
+
+    score: float
+    reason: str
 
 
 class Backend(Protocol):
@@ -17,18 +36,40 @@ class Backend(Protocol):
 
     name: str
 
+    def available(self) -> list[str]:
+        """Why the backend is unusable in this environment at all (empty when usable)."""
+        ...
+
     def supports(self, call: AttentionCall) -> list[str]:
         """Why this backend can't serve ``call`` (empty when it can)."""
+        ...
+
+    def rank(self, call: AttentionCall) -> Rank:
+        """How well it serves ``call`` (asked only when :meth:`supports` is empty)."""
         ...
 
     def plan(self, call: AttentionCall) -> str:
         """One line on how the call would run (kernel, mask form), for ``ak.explain``."""
         ...
 
-    def available(self) -> list[str]:
-        """Why the backend is unusable in this environment at all (empty when usable)."""
-        ...
-
     def __call__(self, call: AttentionCall) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """``out (B, H, Lq, Dv)``, or ``(out, weights (B, H, Lq, Lk))`` when ``call.return_weights``."""
         ...
+
+
+def skippable_structure(call: AttentionCall) -> str | None:
+    """What in the call a block-skipping backend can exploit, in words (None when SDPA's own form is
+    already best: no mask, a causal mask SDPA can flag or a one-row decode step, a dense tensor)."""
+    if isinstance(call.bias, StructuredBias):
+        return f"structured bias {type(call.bias).__name__}"
+    if isinstance(call.bias, torch.Tensor):
+        return None  # a dense bias is already Lq x Lk
+    prepared = call.prepared
+    if prepared is None or prepared.is_tensor or prepared.sdpa_flag(call.q_len, call.kv_len) is not None:
+        return None
+    return f"mask {prepared.spec!r}"
+
+
+def is_long(call: AttentionCall, min_keys: int, min_queries: int) -> bool:
+    """At least ``min_keys`` keys and ``min_queries`` queries (where skipping blocks starts to pay)."""
+    return call.kv_len >= min_keys and call.q_len >= min_queries

@@ -3,8 +3,8 @@
 :mod:`attnkit.backends.block_plan` cuts the queries into pieces with the keys their mask can reach. Without
 a bias, pieces of equal shape are stacked along the batch dim and run through
 ``F.scaled_dot_product_attention`` with the small per-piece mask (or ``is_causal=True`` where the piece is
-exactly causal); autograd gives the backward. With a bias (ALiBi, a float tensor) the pieces run through
-the tiled kernel of :mod:`attnkit.backends.tiled`, their additive term read from an offset table
+exactly causal); autograd gives the backward. With a bias (ALiBi, a float tensor) or a logit softcap the
+pieces run through the tiled kernel of :mod:`attnkit.backends.tiled` (softcap with its backward), their additive term read from an offset table
 (:mod:`attnkit.backends.relative`) or evaluated per piece from positions, never as an Lq x Lk tensor.
 Cost and memory grow with the reachable entries, not with Lq x Lk. Rows with no visible key give 0 with
 finite gradients.
@@ -20,17 +20,37 @@ import torch.nn.functional as F
 
 from attnkit._bias import StructuredBias
 from attnkit._validation import AttentionCall
+from attnkit.backends.base import Rank, is_long, skippable_structure
 from attnkit.backends.block_plan import Piece, Plan, make_plan
 from attnkit.backends.relative import HeadGroup, describe, relative_groups
 from attnkit.backends.tiled import tiled_attention
 from attnkit.functional.reference import expand_kv
-from attnkit.masks import Dense, MaskContext, MaskSpec
+from attnkit.masks import MaskContext, MaskSpec
 from attnkit.masks.blocks import evaluate_on
 from attnkit.masks.dense import context_for
+
+#: from this many keys (and ``SPARSE_MIN_QUERIES`` queries) a structured mask is worth skipping blocks for:
+#: below, one SDPA call with a dense mask was as fast or faster in our runs
+SPARSE_MIN_KEYS = 4096
+#: from this many keys a structured bias (ALiBi) goes to the tiled kernel: SDPA with the dense bias was 2.0x
+#: slower forward and 2.3x forward+backward at 2048 (its far-key exponentials turn subnormal)
+BIAS_MIN_KEYS = 2048
+SPARSE_MIN_QUERIES = 128
 
 
 class BlockSparseBackend:
     name = "blocksparse"
+
+    def rank(self, call: AttentionCall) -> Rank:
+        structure = skippable_structure(call)
+        min_keys = BIAS_MIN_KEYS if isinstance(call.bias, StructuredBias) else SPARSE_MIN_KEYS
+        if structure is None:
+            return Rank(5, "nothing to skip: SDPA's own form is as good")
+        if not is_long(call, min_keys, SPARSE_MIN_QUERIES):
+            return Rank(5, f"{structure}, but short (Lq={call.q_len}, Lk={call.kv_len} < {SPARSE_MIN_QUERIES}/"
+                           f"{min_keys}): a dense mask costs little, one SDPA call is as fast")
+        where = " (flex on CPU: no backward, or compiling not allowed)" if call.q.device.type == "cpu" else ""
+        return Rank(20, f"{structure} on {call.kv_len} keys: blocksparse computes only reachable key blocks{where}")
 
     def available(self) -> list[str]:
         return [] if hasattr(F, "scaled_dot_product_attention") else ["torch lacks scaled_dot_product_attention"]
@@ -39,8 +59,6 @@ class BlockSparseBackend:
         reasons = []
         if call.return_weights:
             reasons.append("blocksparse does not return attention weights (use backend='math')")
-        if call.softcap is not None:
-            reasons.append("blocksparse has no logit softcap (its pieces run SDPA or the tiled kernel)")
         if call.bias_needs_grad:
             reasons.append("blocksparse gives no gradient to the bias (use backend='sdpa' or 'math' to train a bias)")
         return reasons
@@ -68,23 +86,34 @@ def _run_relative(call: AttentionCall, groups: list[HeadGroup]) -> torch.Tensor:
     """Each head group as one tiled call: ``(B, H, Lq, Dv)``."""
     k, v = (expand_kv(t, call.num_heads) for t in (call.k, call.v))  # (B, H, Lk, D|Dv)
     outs = [tiled_attention(call.q[:, g.heads], k[:, g.heads], v[:, g.heads], g.pieces, g.terms, scale=call.scale,
-                            dropout_p=call.dropout_p) for g in groups]  # (B, h, Lq, Dv) each
+                            dropout_p=call.dropout_p, softcap=call.softcap) for g in groups]  # (B, h, Lq, Dv) each
     return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)  # (B, H, Lq, Dv)
 
 
 def _mask_and_context(call: AttentionCall) -> tuple[MaskSpec | None, MaskContext]:
-    mask = Dense(call.mask) if isinstance(call.mask, torch.Tensor) else call.mask
-    q_pos, kv_pos = call.positions()
-    ctx = context_for(mask if mask is not None else Dense(torch.ones(1, 1, dtype=torch.bool)), q_pos, kv_pos,
-                      batch=call.batch)
-    return mask, ctx
+    """The call's mask spec and the context it is bound to (the prepared mask's; positions for no mask)."""
+    if call.prepared is not None:
+        return call.prepared.spec, call.prepared.ctx
+    return None, context_for(MaskSpec(), *call.positions(), batch=call.batch)
 
 
 def make_plans(call: AttentionCall, mask: MaskSpec | None = None, ctx: MaskContext | None = None) -> list[Plan]:
-    """One plan for the whole batch, or one per row when the mask data or positions differ across rows."""
+    """One plan for the whole batch, or one per row when the mask data or positions differ across rows; kept
+    in the prepared mask's memo (every layer of a forward shares the plans)."""
     if ctx is None:
         mask, ctx = _mask_and_context(call)
-    allow_causal = call.bias is None
+    if call.prepared is None:
+        return _make_plans(call, mask, ctx)
+    return call.prepared.memo(("blocksparse", _allow_causal(call), call.batch), lambda: _make_plans(call, mask, ctx))
+
+
+def _allow_causal(call: AttentionCall) -> bool:
+    """SDPA pieces (and their causal flag) serve calls without a bias or softcap; the rest run tiled."""
+    return call.bias is None and call.softcap is None
+
+
+def _make_plans(call: AttentionCall, mask: MaskSpec | None, ctx: MaskContext) -> list[Plan]:
+    allow_causal = _allow_causal(call)
     per_row = call.batch > 1 and ((mask is not None and mask.batch > 1) or not _rows_share_positions(call))
     dev = call.q.device
     if not per_row:
@@ -106,10 +135,11 @@ def run_plan(call: AttentionCall, plan: Plan, mask: MaskSpec | None, ctx: MaskCo
         k, v = k[:, :, plan.kv_perm], v[:, :, plan.kv_perm]  # (R, Hkv, Lk, D)
     q_map = plan.q_perm if plan.q_perm is not None else torch.arange(plan.q_len, device=q.device)
     kv_map = plan.kv_perm if plan.kv_perm is not None else torch.arange(plan.kv_len, device=q.device)
-    if call.bias is not None:
+    if not _allow_causal(call):
         k, v = (expand_kv(t, call.num_heads) for t in (k, v))  # (R, H, Lk, D|Dv)
         out = tiled_attention(q, k, v, plan.pieces, lambda piece, rs, hs: _piece_terms(
-            call, piece, rows[rs], hs, mask, ctx, q_map, kv_map), scale=call.scale, dropout_p=call.dropout_p)
+            call, piece, rows[rs], hs, mask, ctx, q_map, kv_map), scale=call.scale, dropout_p=call.dropout_p,
+            softcap=call.softcap)
     else:
         out = _run_sdpa(call, plan, mask, ctx, q, k, v, q_map, kv_map)  # (R, H, Lq, Dv) in plan order
     if plan.q_perm is not None:
@@ -185,15 +215,18 @@ def _piece_mask(pieces, mask, ctx, rows, q_map, kv_map):
 
 
 def _piece_terms(call, piece, rows, heads, mask, ctx, q_map, kv_map) -> torch.Tensor:
-    """The additive term of one piece for batch rows ``rows (r,)`` and heads ``heads`` (a slice): the bias,
-    ``-inf`` where the mask forbids; ``(r|1, h|1, lq, lk)`` float32 (float64 for float64 inputs)."""
+    """The additive term of one piece for batch rows ``rows (r,)`` and heads ``heads`` (a slice): the bias
+    (0 without one), ``-inf`` where the mask forbids; ``(r|1, h|1, lq, lk)`` float32 (float64 for float64
+    inputs)."""
     q_idx, kv_idx = _index([piece], rows.device)
     q_idx, kv_idx = q_map[q_idx[0]], kv_map[kv_idx[0]]  # (lq,), (lk,) call indices
-    if isinstance(call.bias, StructuredBias):
+    if call.bias is None:  # softcap without a bias: only the mask's -inf
+        bias = torch.zeros(1, 1, q_idx.numel(), kv_idx.numel(), device=rows.device)  # (1, 1, lq, lk)
+    elif isinstance(call.bias, StructuredBias):
         h = torch.arange(call.num_heads, device=rows.device)[heads].view(1, -1, 1, 1)  # (1, h, 1, 1)
         q_pos = ctx.q_positions[rows][:, q_idx][:, None, :, None]  # (r, 1, lq, 1)
         kv_pos = ctx.kv_positions[rows][:, kv_idx][:, None, None, :]  # (r, 1, 1, lk)
-        bias = call.bias.score(h, q_pos, kv_pos)  # (r, h, lq, lk)
+        bias = call.bias.score(h, q_pos, kv_pos, b=rows.view(-1, 1, 1, 1))  # (r, h, lq, lk)
     else:
         full = call.bias if call.bias.dim() == 4 else call.bias.reshape(
             (1,) * (4 - call.bias.dim()) + tuple(call.bias.shape))  # (B|1, H|1, Lq|1, Lk|1)

@@ -3,12 +3,14 @@
 The bound mask ``fn(b, h, q_idx, kv_idx)`` (:meth:`MaskSpec.bind`) is flex's ``mask_mod``; softcap and a
 structured bias (ALiBi's ``score(h, q_pos, kv_pos)``) form the ``score_mod``. flex is imported lazily and
 compiled on first use (never at import); the compiled function is shared and torch.compile caches one
-kernel per shape, and block masks are cached per mask object and shape.
+kernel per shape. The block mask is built once per prepared mask (kept in its memo): a model that prepares
+its mask once per forward builds it once; nothing is cached across calls.
 
-On CPU flex has no backward and compiling costs seconds, so the router sends CPU calls here only for
-inference when compiling is allowed (:func:`allow_cpu_compile` or ``ATTNKIT_FLEX_CPU=1``). It never runs
-a CPU call that needs gradients: one failed call with ``requires_grad=True`` slows the compiled function
-for the rest of the process (DESIGN.md).
+On CPU flex has no backward, no float16/float64 kernel and compiling costs seconds, so it ranks itself first
+for CPU calls only for inference when compiling is allowed (:func:`allow_cpu_compile` or
+``ATTNKIT_FLEX_CPU=1``), and below math otherwise (``backend="flex"`` still runs it). It never runs a CPU call
+that needs gradients: one failed call with ``requires_grad=True`` slows the compiled function for the rest
+of the process (DESIGN.md).
 
 Shape legend: B batch, H query heads, Hkv key/value heads, Lq/Lk lengths, D head dim.
 """
@@ -16,17 +18,17 @@ Shape legend: B batch, H query heads, Hkv key/value heads, Lq/Lk lengths, D head
 from __future__ import annotations
 
 import os
-import weakref
 
 import torch
 
 from attnkit._bias import StructuredBias
 from attnkit._validation import AttentionCall
-from attnkit.masks import Dense, MaskSpec
-from attnkit.masks.dense import context_for
+from attnkit.backends.base import Rank, is_long, skippable_structure
 
 _STATE: dict = {"compiled": None, "cpu_compile": None}
-_BLOCK_MASKS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # mask -> {(B, Lq, Lk, device): BlockMask}
+#: from this many keys (and ``MIN_QUERIES`` queries) skipping blocks of a structured mask or bias pays off
+MIN_KEYS = 4096
+MIN_QUERIES = 128
 
 
 def allow_cpu_compile(enabled: bool = True) -> None:
@@ -71,11 +73,24 @@ class FlexBackend:
         device = call.q.device.type
         if device == "cpu" and call.needs_grad:
             reasons.append("flex has no backward pass on CPU (run under torch.no_grad(), or use blocksparse)")
-        if device == "cpu" and call.q.dtype == torch.float16:
-            reasons.append("flex on CPU has no float16 kernel")
+        if device == "cpu" and call.q.dtype in (torch.float16, torch.float64):
+            reasons.append(f"flex on CPU has no {str(call.q.dtype).removeprefix('torch.')} kernel (use float32 or "
+                           "bfloat16, or another backend)")
         if device not in ("cpu", "cuda"):
             reasons.append(f"flex runs on cpu and cuda, not {device}")
         return reasons
+
+    def rank(self, call: AttentionCall) -> Rank:
+        structure = skippable_structure(call)
+        if call.q.device.type == "cpu" and not cpu_compile_allowed():
+            return Rank(-10, "flex on CPU compiles for seconds per shape and compiling on CPU was not allowed "
+                             "(ak.backends.flex.allow_cpu_compile())")
+        where = " (CPU inference, compiling allowed)" if call.q.device.type == "cpu" else ""
+        if structure is not None and is_long(call, MIN_KEYS, MIN_QUERIES):
+            return Rank(40, f"{structure} on {call.kv_len} keys: flex skips empty blocks{where}")
+        if call.softcap is not None:
+            return Rank(25, f"softcap: flex applies it inside one fused kernel{where}")
+        return Rank(1, "compiled flex kernel; nothing here for it to skip, or too short to pay off" + where)
 
     def plan(self, call: AttentionCall) -> str:
         how = "compiled flex_attention: mask_mod from the mask, skips empty blocks"
@@ -92,30 +107,19 @@ class FlexBackend:
 
 
 def mask_mod_for(call: AttentionCall):
-    """flex ``mask_mod(b, h, q_idx, kv_idx)`` of the call's mask (None when there is no mask)."""
-    mask = Dense(call.mask) if isinstance(call.mask, torch.Tensor) else call.mask
-    if mask is None:
-        return None
-    return mask.bind(context_for(mask, *call.positions(), batch=call.batch))
+    """flex ``mask_mod(b, h, q_idx, kv_idx)``: the prepared mask's bound function (None when there is no mask)."""
+    return None if call.prepared is None else call.prepared.fn
 
 
 def block_mask_for(call: AttentionCall):
-    """The flex BlockMask of the call, cached per mask object and shape when positions are the defaults."""
-    mod = mask_mod_for(call)
-    if mod is None:
+    """The flex BlockMask of the call, built once per prepared mask (and per batch/head broadcast)."""
+    prepared = call.prepared
+    if prepared is None:
         return None
-    mask = call.mask
-    key = (call.batch, call.q_len, call.kv_len, str(call.q.device))
-    cacheable = isinstance(mask, MaskSpec) and call.default_positions
-    if cacheable and key in _BLOCK_MASKS.get(mask, {}):
-        return _BLOCK_MASKS[mask][key]
-    batch = call.batch if (getattr(mask, "batch", 1) > 1 or not call.default_positions) else None
-    heads = call.num_heads if getattr(mask, "heads", 1) > 1 else None
-    block_mask = _flex_module().create_block_mask(mod, batch, heads, call.q_len, call.kv_len,
-                                                  device=call.q.device)
-    if cacheable:
-        _BLOCK_MASKS.setdefault(mask, {})[key] = block_mask
-    return block_mask
+    batch = call.batch if (prepared.spec.batch > 1 or not prepared.default_positions) else None
+    heads = call.num_heads if prepared.heads > 1 else None
+    return prepared.memo(("flex", batch, heads), lambda: _flex_module().create_block_mask(
+        prepared.fn, batch, heads, call.q_len, call.kv_len, device=call.q.device))
 
 
 def score_mod_for(call: AttentionCall):
@@ -131,7 +135,7 @@ def score_mod_for(call: AttentionCall):
         if isinstance(bias, StructuredBias):
             qb = b if q_pos.shape[0] > 1 else torch.zeros_like(b)
             kb = b if kv_pos.shape[0] > 1 else torch.zeros_like(b)
-            score = score + bias.score(h, q_pos[qb, q_idx], kv_pos[kb, kv_idx]).to(score.dtype)
+            score = score + bias.score(h, q_pos[qb, q_idx], kv_pos[kb, kv_idx], b=b).to(score.dtype)
         return score
 
     return score_mod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from attnkit._validation import AttentionCall
+from attnkit.backends.base import Rank
 from attnkit.functional.reference import reference_from_call
 
 
@@ -14,6 +15,11 @@ class MathBackend:
 
     def supports(self, call: AttentionCall) -> list[str]:
         return []
+
+    def rank(self, call: AttentionCall) -> Rank:
+        if call.return_weights:
+            return Rank(0, "return_weights=True: only math returns the probabilities")
+        return Rank(0, "the reference path, which serves every request (no faster backend can serve this call)")
 
     def plan(self, call: AttentionCall) -> str:
         return "materialises the (B, H, Lq, Lk) scores; O(Lq x Lk) memory"

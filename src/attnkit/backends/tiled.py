@@ -47,8 +47,9 @@ Terms = Callable[[Piece, slice, slice], torch.Tensor]
 
 
 def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pieces: Sequence[Piece], terms: Terms,
-                    scale: float, dropout_p: float = 0.0) -> torch.Tensor:
-    """``softmax(q k^T * scale + terms) v`` piece by piece: ``(R, H, Lq, Dv)``.
+                    scale: float, dropout_p: float = 0.0, softcap: float | None = None) -> torch.Tensor:
+    """``softmax(cap(q k^T * scale) + terms) v`` piece by piece: ``(R, H, Lq, Dv)``, where ``cap(x)`` is
+    ``softcap * tanh(x / softcap)`` (the identity when ``softcap`` is None; DESIGN score order).
 
     ``q (R, H, Lq, D)``, ``k (R, H, Lk, D)`` and ``v (R, H, Lk, Dv)`` share heads (expand GQA before).
     ``pieces`` cover the queries; a piece sees only its key ranges ``piece.kv``, with the additive term
@@ -59,7 +60,8 @@ def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pieces: S
     q, k, v = (t.to(compute).contiguous() for t in (q, k, v))
     pieces = split_rows(pieces, CHUNK_ENTRIES)
     seed = int(torch.randint(0, 2**62, (1,))) if dropout_p else None  # from the global RNG: manual_seed repeats it
-    out = _Tiled.apply(q, k, v, pieces, terms, float(scale), float(dropout_p), seed)
+    out = _Tiled.apply(q, k, v, pieces, terms, float(scale), float(dropout_p), seed,
+                       None if softcap is None else float(softcap))
     return out.to(dtype)
 
 
@@ -77,7 +79,7 @@ def split_rows(pieces: Sequence[Piece], max_entries: int) -> tuple[Piece, ...]:
 
 class _Tiled(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, pieces, terms, scale, dropout_p, seed):
+    def forward(ctx, q, k, v, pieces, terms, scale, dropout_p, seed, softcap):
         R, H, Lq, _ = q.shape
         out = q.new_zeros(R, H, Lq, v.shape[-1])
         tops = q.new_empty(R, H, Lq, 1)  # each row's largest score, kept for backward (no second max pass)
@@ -86,31 +88,32 @@ class _Tiled(torch.autograd.Function):
         work = _Workspace(q, pieces, n_buffers=2)
         for piece, rs, hs, add, keys in _chunks(pieces, terms, R, H):
             rows = slice(piece.q_lo, piece.q_hi)
-            p = _probs(q[rs, hs, rows], keys(kT[rs, hs], -1), add, scale, work,
+            p = _probs(q[rs, hs, rows], keys(kT[rs, hs], -1), add, scale, work, softcap,
                        top_out=_flat(tops[rs, hs, rows]))  # (n, lq, lk)
             if dropout_p:
                 p = p * _keep(p, dropout_p, gen)
             torch.bmm(p, _flat(keys(v[rs, hs], -2)), out=_flat(out[rs, hs, rows]))  # (n, lq, Dv) into out
         ctx.save_for_backward(q, k, v, out, tops)
         ctx.pieces, ctx.terms, ctx.scale, ctx.dropout_p, ctx.seed = pieces, terms, scale, dropout_p, seed
+        ctx.softcap = softcap
         return out
 
     @staticmethod
     @once_differentiable
     def backward(ctx, d_out):
         q, k, v, out, tops = ctx.saved_tensors
-        pieces, terms, scale, dropout_p = ctx.pieces, ctx.terms, ctx.scale, ctx.dropout_p
+        pieces, terms, scale, dropout_p, softcap = ctx.pieces, ctx.terms, ctx.scale, ctx.dropout_p, ctx.softcap
         R, H = q.shape[:2]
         d_out = d_out.contiguous()
         delta = (d_out * out).sum(-1, keepdim=True) if dropout_p else None  # (R, H, Lq, 1) = rowsum(dP * P)
         kT, vT = k.transpose(-1, -2).contiguous(), v.transpose(-1, -2).contiguous()  # (R, H, D|Dv, Lk)
         dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        work = _Workspace(q, pieces, n_buffers=3)
+        work = _Workspace(q, pieces, n_buffers=3 if softcap is None else 4)  # 4th: the softcap's tanh
         gen = _generator(q.device, ctx.seed)  # the forward's dropout masks, drawn again in the same order
         for piece, rs, hs, add, keys in _chunks(pieces, terms, R, H):
             rows = slice(piece.q_lo, piece.q_hi)
             qs, dos = _flat(q[rs, hs, rows]), _flat(d_out[rs, hs, rows])  # (n, lq, D), (n, lq, Dv)
-            p = _probs(q[rs, hs, rows], keys(kT[rs, hs], -1), add, scale, work,
+            p = _probs(q[rs, hs, rows], keys(kT[rs, hs], -1), add, scale, work, softcap,
                        top=_flat(tops[rs, hs, rows]))  # (n, lq, lk), the forward's probabilities
             keep = _keep(p, dropout_p, gen) if dropout_p else None
             pd = p if keep is None else p * keep
@@ -120,12 +123,14 @@ class _Tiled(torch.autograd.Function):
                 ds = torch.ops.aten._softmax_backward_data.out(dp, p, -1, p.dtype, grad_input=work.take(0, p.shape))
             else:
                 ds = dp.mul_(keep).sub_(_flat(delta[rs, hs, rows])).mul_(p)  # (n, lq, lk); delta = rowsum(dO * O)
+            if softcap is not None:  # d cap(x) / dx = 1 - tanh(x / cap)^2, with the tanh kept by _probs
+                ds.mul_(work.take(3, ds.shape).square_().neg_().add_(1.0))
             _flat(dq[rs, hs, rows]).baddbmm_(ds, _flat(keys(k[rs, hs], -2)))
             keys.add_product(dk[rs, hs], ds.transpose(1, 2), qs)  # += (n, lk, D)
             keys.add_product(dv[rs, hs], pd.transpose(1, 2), dos)  # += (n, lk, Dv)
         dq.mul_(scale)
         dk.mul_(scale)
-        return dq, dk, dv, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def _flat(x: torch.Tensor) -> torch.Tensor:
@@ -148,18 +153,28 @@ class _Workspace:
         return self.buffers[i][:n].view(shape)
 
 
-def _probs(q: torch.Tensor, kT: torch.Tensor, add: torch.Tensor, scale: float, work: _Workspace, *,
-           top: torch.Tensor | None = None, top_out: torch.Tensor | None = None) -> torch.Tensor:
+def _probs(q: torch.Tensor, kT: torch.Tensor, add: torch.Tensor, scale: float, work: _Workspace,
+           softcap: float | None = None, *, top: torch.Tensor | None = None,
+           top_out: torch.Tensor | None = None) -> torch.Tensor:
     """Probabilities ``(n, lq, lk)`` for queries ``(r, h, lq, D)`` against keys ``kT (r, h, D, lk)``.
 
     Each row's largest score ``(n, lq, 1)`` is computed and written to ``top_out``, or read from ``top``
-    (the backward pass recomputing the forward's scores)."""
+    (the backward pass recomputing the forward's scores). With ``softcap`` the tanh of the capped scores is
+    left in workspace buffer 3 when the workspace has one (the backward pass needs it)."""
     r, h, lq, _ = q.shape
     lk = kT.shape[-1]
     s4 = work.take(0, (r, h, lq, lk))
-    s4.copy_(add)  # the additive term, broadcast over rows and heads
     s = s4.view(r * h, lq, lk)
-    s.baddbmm_(_flat(q), _flat(kT), alpha=scale)  # (n, lq, lk) = term + scale * q k^T
+    if softcap is None:
+        s4.copy_(add)  # the additive term, broadcast over rows and heads
+        s.baddbmm_(_flat(q), _flat(kT), alpha=scale)  # (n, lq, lk) = term + scale * q k^T
+    else:
+        torch.bmm(_flat(q), _flat(kT), out=s)  # (n, lq, lk) = q k^T
+        s.mul_(scale / softcap).tanh_()
+        if len(work.buffers) > 3:
+            work.take(3, s.shape).copy_(s)  # tanh(scale * q k^T / cap), for the backward pass
+        s.mul_(softcap)
+        s4.add_(add)  # cap(scale * q k^T) + term
     if top is None:
         top = s.amax(dim=-1, keepdim=True)  # (n, lq, 1)
         if top_out is not None:

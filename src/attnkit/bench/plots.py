@@ -92,6 +92,10 @@ def replot(results: Path | str) -> list[Path]:
 
         linear.plot(payload, results.with_suffix(".png"))
         return [results.with_suffix(".png")]
+    if suite == "cp":
+        from attnkit.bench import cp
+
+        return [cp.plot(payload, results.with_suffix(".png"))]
     raise ValueError(f"replot: no plot for results file {str(results)!r} (benchmark {suite!r}); "
                      "expected an attention* or linear results file")
 

@@ -14,6 +14,7 @@ SUITES = {
     "decode": "tokens/s of cached decoding vs Hugging Face transformers and no cache",
     "train": "tokens/s of a training step vs a plain reference GPT",
     "linear": "linear attention vs softmax attention: time, memory, crossover, decode cost",
+    "cp": "context parallelism on 1, 2, 4 processes: longest sequence at a memory budget, step time, bytes sent",
     "hf": "Hugging Face models with attn_implementation='attnkit' vs 'sdpa' (sliding window at 4096; MiniLM)",
     "report": "size and time to interactive of the HTML report in headless Chromium (12 layers x 12 heads)",
     "plots": "redraw the plots of recorded results (benchmarks/results/*.json) without re-running",

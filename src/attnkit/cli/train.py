@@ -20,7 +20,7 @@ FIELDS = {"run_dir": "run_dir", "preset": "preset", "data": "data", "val_fractio
           "seq_len": "seq_len", "batch_size": "batch_size", "accum": "accum", "steps": "steps", "lr": "lr",
           "warmup": "warmup", "weight_decay": "weight_decay", "clip": "clip", "precision": "precision",
           "eval_every": "eval_every", "eval_batches": "eval_batches", "ckpt_every": "ckpt_every", "keep": "keep",
-          "seed": "seed", "device": "device"}
+          "seed": "seed", "device": "device", "context_parallel": "context_parallel"}
 MODEL_FLAGS = {"positions": "positions", "kv_heads": "n_kv_heads", "window": "window", "backend": "backend",
                "dropout": "dropout"}
 SWITCHES = {"no_doc_mask": "doc_mask", "grad_checkpointing": "grad_checkpointing", "overwrite": "overwrite",
@@ -72,6 +72,8 @@ def add_parser(sub) -> None:
     p.add_argument("--window", type=int, help="sliding-window attention of this many keys")
     p.add_argument("--backend", help="attention backend (default auto)")
     p.add_argument("--dropout", type=float)
+    opt("--context-parallel", "split each row's sequence over N ranks (under torchrun: world = data parallel x N)",
+        type=int, metavar="N")
     p.add_argument("--overfit", action="store_true", help="sanity check: 10 samples until the loss is ~0")
     p.add_argument("--samples", action="store_true", help="print samples before and after training")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

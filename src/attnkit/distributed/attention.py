@@ -10,7 +10,8 @@ Functions whose backward sends the key/value gradients back to the shard's owner
   The gathered shards are kept for the backward (no second transfer).
 - ``ring``: shard ``r - t`` reaches rank r at step t, sent while step ``t - 1`` computes; the ring stops
   after the farthest hop any query needs. The backward rings the shards again, each with a travelling
-  ``dK/dV`` accumulator that every rank adds to; the last holder sends it home. Memory: two shards.
+  ``dK/dV`` accumulator that every visiting rank adds to (from the first visitor on); the last holder sends
+  it home, where the owner adds its own part. Memory: two shards.
 
 Masks and biases see global indices and positions, so RoPE (applied before, at the shard's global
 positions), ALiBi, documents, padding and dense masks mean the same as in one process.
@@ -162,8 +163,9 @@ class _Ring(torch.autograd.Function):
                 kv_sends.append(Send((r + 1) % W, current, KV, "kv"))
             if t + 1 <= plan.hops[nxt]:
                 arriving = k.new_empty(run.shard_shape(k, nxt, width))
-                arriving_acc = out.new_empty(run.shard_shape(k, nxt, width))
                 kv_recvs.append(Recv((r - 1) % W, arriving, KV))
+                if t >= 1:  # the owner keeps its own part: accumulators start at the shard's first visitor
+                    arriving_acc = out.new_empty(run.shard_shape(k, nxt, width))
             kv_pending = comm.start(kv_sends, kv_recvs, "backward")
             # 2. this rank's contribution to shard s, added to what the shard's earlier holders sent
             sends, recvs = [], []
@@ -176,13 +178,13 @@ class _Ring(torch.autograd.Function):
                 if incoming is not None:
                     incoming[1].wait()
                     part += incoming[0]
-                # 3. pass it on, or home when this rank is the shard's last holder
-                if t + 1 <= plan.hops[s]:
-                    sends.append(Send((r + 1) % W, part, DKV, "dkv"))
-                elif t > 0:
-                    sends.append(Send(s, part, HOME, "dkv-home"))
-                else:
+                # 3. keep it (own shard), pass it on, or send it home from the shard's last holder
+                if t == 0:
                     mine = part
+                elif t + 1 <= plan.hops[s]:
+                    sends.append(Send((r + 1) % W, part, DKV, "dkv"))
+                else:
+                    sends.append(Send(s, part, HOME, "dkv-home"))
             if arriving_acc is not None:
                 recvs.append(Recv((r - 1) % W, arriving_acc, DKV))
             home = None
@@ -194,7 +196,7 @@ class _Ring(torch.autograd.Function):
             kv_pending.wait()
             if home is not None:
                 acc_pending.wait()
-                mine = home
+                mine = mine + home
             incoming = (arriving_acc, acc_pending) if arriving_acc is not None else None
             current = arriving
         for pending in in_flight:
@@ -225,6 +227,7 @@ class CPExplanation:
     needs: tuple[tuple[bool, ...], ...]
     hops: tuple[int, ...]
     tiles: int  # this rank's non-empty tiles
+    work: int  # score entries this rank computes (sum of its tiles' areas): compute per step is ~ work x H x D
     kv_shard_bytes: tuple[int, ...]  # per shard: bytes of its packed K/V message
 
     def forward_bytes(self) -> dict[str, int]:
@@ -236,7 +239,7 @@ class CPExplanation:
 
     def __str__(self) -> str:
         W = len(self.needs)
-        rows = "\n".join("  rank %d needs shards %s" % (r, [s for s in range(W) if self.needs[r][s]]) for r in range(W))
+        rows = "\n".join(f"  rank {r} needs shards {[s for s in range(W) if self.needs[r][s]]}" for r in range(W))
         b = self.forward_bytes()
         return (f"strategy: {self.strategy} ({self.reason})\nlayout: {self.layout}\n{rows}\n"
                 f"forward K/V bytes (all ranks): {b['strategy']} (minimum {b['minimum']})")
@@ -355,5 +358,6 @@ def explain(q, k, v, mask=None, *, bias=None, scale=None, softcap=None, position
                                            strategy, tile)
     B, Hkv, width = k.shape[0], k.shape[1], k.shape[-1] + v.shape[-1]
     shard_bytes = tuple(B * Hkv * layout.length(s) * width * k.element_size() for s in range(layout.world))
-    return CPExplanation(chosen, reason, layout.kind, run.plan.needs, run.plan.hops,
-                         len([t for ts in run.plan.tiles for t in ts]), shard_bytes)
+    tiles = [t for ts in run.plan.tiles for t in ts]
+    return CPExplanation(chosen, reason, layout.kind, run.plan.needs, run.plan.hops, len(tiles),
+                         sum((t.q1 - t.q0) * (t.k1 - t.k0) for t in tiles), shard_bytes)

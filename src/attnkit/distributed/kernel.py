@@ -89,7 +89,7 @@ class TileKernel:
         ``qi (lq,)``/``ki (lk,)`` are global indices. Returns ``(s, tanh)``; ``tanh`` is the softcap's
         ``tanh(raw / softcap)`` (for the backward) or None.
         """
-        B, Hkv, lk = k.shape[0], k.shape[1], k.shape[2]
+        B, lk = k.shape[0], k.shape[2]
         lq = qi.numel()
         s = (qg @ k.transpose(-2, -1)) * self.scale  # (B, Hkv, G*lq, lk)
         s = s.view(B, self.num_heads, lq, lk)  # (B, H, lq, lk): head h = kv head h // G

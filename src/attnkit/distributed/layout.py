@@ -24,7 +24,7 @@ import torch
 
 from attnkit._checks import integer
 from attnkit.errors import AttnkitValueError, describe
-from attnkit.masks import Causal, Document, MaskSpec
+from attnkit.masks import Document, MaskSpec
 
 
 @dataclass(frozen=True)
@@ -136,23 +136,16 @@ def by_documents(doc_ids: torch.Tensor, world: int) -> ShardLayout:
     return ShardLayout(seq_len, tuple(((cuts[r], cuts[r + 1]),) for r in range(world)), "documents")
 
 
-def _find(mask: MaskSpec | None, kind: type) -> MaskSpec | None:
-    if isinstance(mask, kind):
-        return mask
-    for part in getattr(mask, "parts", ()):  # an intersection carries its parts' structure
-        if type(mask).__name__ == "And" and (found := _find(part, kind)) is not None:
-            return found
-    return None
-
-
 def layout_for(mask: MaskSpec | None, seq_len: int, world: int) -> ShardLayout:
-    """The layout that balances ``mask``: by documents for a document mask, zigzag for a causal one whose
-    every query sees all earlier keys (``offsets() == (None, 0)``), contiguous otherwise (windows, chunks,
-    bidirectional: each rank then needs only its neighbours' keys, or all keys at equal cost)."""
-    document = _find(mask, Document)
+    """The layout that balances ``mask``: by documents when one of its conjuncts is a document mask, zigzag
+    when it reaches every earlier key (``reach() == (None, 0)``: causal, causal & padding), contiguous
+    otherwise (windows, chunks: each rank then needs only its neighbours' keys; bidirectional: all keys
+    at equal cost)."""
+    if mask is None:
+        return contiguous(seq_len, world)
+    document = next((c for c in mask.conjuncts() if isinstance(c, Document)), None)
     if document is not None and document.q_doc_ids is None:
         return by_documents(document.doc_ids, world)
-    offsets = mask.offsets() if isinstance(mask, MaskSpec) else None
-    if offsets == (None, 0) or isinstance(mask, Causal):
+    if mask.reach() == (None, 0):
         return zigzag(seq_len, world)
     return contiguous(seq_len, world)

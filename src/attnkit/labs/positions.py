@@ -17,6 +17,7 @@ from attnkit.labs.registry import lab
 from attnkit.labs.report import Claim, fmt
 
 SCHEMES = ("sinusoidal", "learned", "rope", "alibi", "none")
+COLORS = {"sinusoidal": "C0", "learned": "C3", "rope": "C1", "alibi": "C2", "none": "C4"}
 PRESS = {"sinusoidal": (20.05, 406.0), "rope": (20.07, 79.0), "alibi": (19.73, 18.3)}  # ppl at L=512 -> long
 
 
@@ -83,16 +84,15 @@ def measure(p: dict, plots) -> dict:
                       ncols=2) as (a, b):
         for scheme in SCHEMES:
             pts = [(n, v) for n, v in ((int(k), v) for k, v in losses[scheme].items()) if not isinstance(v, str)]
-            a.plot([n for n, _ in pts], [v for _, v in pts], "-o", ms=3, label=scheme)
+            a.plot([n for n, _ in pts], [v for _, v in pts], "-o", ms=3, color=COLORS[scheme], label=scheme)
         a.set_xscale("log", base=2)
         a.set_xlabel("evaluation length")
         a.set_ylabel("validation loss (nats)")
         a.legend(fontsize=7)
-        for scheme in PRESS:
-            b.plot([1, 4], [1.0, press_ratio(scheme)], "--", label=f"Press {scheme}")
-        for scheme in ("sinusoidal", "rope", "alibi"):
+        for scheme in PRESS:  # the same colour for a scheme's published and measured ratio
             v = losses[scheme]
-            b.plot([1, 4], [1.0, v[str(4 * L)] / v[str(L)]], "-o", ms=3, label=f"ours {scheme}")
+            b.plot([1, 4], [1.0, press_ratio(scheme)], "--", color=COLORS[scheme], label=f"Press {scheme}")
+            b.plot([1, 4], [1.0, v[str(4 * L)] / v[str(L)]], "-o", ms=3, color=COLORS[scheme], label=f"ours {scheme}")
         b.set_xlabel("evaluation length / L")
         b.set_ylabel("loss / loss at L")
         b.legend(fontsize=6)

@@ -9,7 +9,11 @@
 . # # #
 
 Builders return :class:`MaskSpec` objects; combine them with ``&``, ``|``, ``~`` and materialise with
-``mask.to_dense(q_positions, kv_positions)``.
+``mask.to_dense(q_positions, kv_positions)``. :func:`prepare` binds a mask once per forward (a
+:class:`PreparedMask` every layer shares; see :mod:`attnkit.masks.prepared`).
+
+Adding a mask kind: a :class:`MaskSpec` subclass with ``bind`` (and ``offsets``/``reach`` when it is a band)
+in ``spec.py``, its block cover (``@cover.register``) in ``blocks.py``, and a builder here.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from attnkit.masks.dense import default_positions, materialize
 from attnkit.masks.spec import (
     And,
     Causal,
+    Chunked,
     Combination,
     Custom,
     Dense,
@@ -34,7 +39,9 @@ from attnkit.masks.spec import (
     Padding,
     SlidingWindow,
     Strided,
+    TwoSidedWindow,
 )
+from attnkit.masks.prepared import MaskStructure, PreparedMask, prepare
 
 
 def causal() -> Causal:
@@ -42,9 +49,19 @@ def causal() -> Causal:
     return Causal()
 
 
-def sliding_window(window: int) -> SlidingWindow:
-    """Causal local window of ``window`` keys including the query itself: p - W < j <= p."""
-    return SlidingWindow(window)
+def sliding_window(window: int, right: int | None = None) -> SlidingWindow | TwoSidedWindow:
+    """``sliding_window(W)``: causal local window of W keys including the query itself, p - W < j <= p.
+
+    ``sliding_window(left, right)``: the two-sided window of flash-attn's ``window_size=(left, right)``,
+    p - left <= j <= p + right (encoders; ``sliding_window(W - 1, 0)`` equals ``sliding_window(W)``).
+    """
+    return SlidingWindow(window) if right is None else TwoSidedWindow(window, right)
+
+
+def chunked(chunk: int) -> Chunked:
+    """Chunked local attention (Llama 4 local layers): keys of the query's own chunk of ``chunk`` positions,
+    causal inside: ``j // C == p // C and j <= p``."""
+    return Chunked(chunk)
 
 
 def padding(key_is_real_or_lengths: torch.Tensor | Sequence[int]) -> Padding:
@@ -78,7 +95,8 @@ def dense(tensor: torch.Tensor) -> Dense:
 
 
 __all__ = [
-    "MaskSpec", "MaskContext", "Causal", "SlidingWindow", "Padding", "Document", "Strided", "GlobalTokens",
+    "MaskSpec", "MaskContext", "PreparedMask", "MaskStructure", "prepare", "Causal", "SlidingWindow",
+    "TwoSidedWindow", "Chunked", "chunked", "Padding", "Document", "Strided", "GlobalTokens",
     "Custom", "Dense", "Combination", "And", "Or", "Not", "causal", "sliding_window", "padding", "document", "strided",
     "global_tokens", "custom", "dense", "materialize", "default_positions",
 ]

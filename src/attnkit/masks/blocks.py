@@ -8,9 +8,10 @@ tensors ``(nQ, nK)``:
 - ``full[i, j]`` is True only if every entry of the tile is allowed: no mask is needed there.
 
 Both are derived from the mask itself, from per-tile ranges of positions, indices and mask data, in
-O(nQ x nK): causal and sliding windows from position ranges, documents from id ranges, strided masks from
-residues, global tokens and padding from their data. ``&`` intersects, ``|`` unites, ``~`` swaps the two.
-Dense and custom masks (and unknown subclasses) are probed: evaluated on the whole grid, O(Lq x Lk).
+O(nQ x nK): causal, sliding and two-sided windows from position ranges, chunks and documents from id ranges,
+strided masks from residues, global tokens and padding from their data; a dense tensor is reduced per tile.
+``&`` intersects, ``|`` unites, ``~`` swaps the two. Only custom masks (an opaque function) and unknown
+subclasses are probed: evaluated on the whole grid, O(Lq x Lk). A new mask kind registers its cover here.
 
 The grid may list queries and keys in any order (``q_index``/``kv_index``, e.g. grouped by residue for a
 strided mask); tiles are cut along that order.
@@ -28,7 +29,9 @@ import torch
 
 from attnkit.masks.spec import (
     Causal,
+    Chunked,
     Combination,
+    Dense,
     Document,
     GlobalTokens,
     MaskContext,
@@ -37,6 +40,7 @@ from attnkit.masks.spec import (
     Padding,
     SlidingWindow,
     Strided,
+    TwoSidedWindow,
 )
 
 
@@ -126,6 +130,22 @@ def _(mask: SlidingWindow, grid: BlockGrid) -> BlockCover:
 
 
 @cover.register
+def _(mask: TwoSidedWindow, grid: BlockGrid) -> BlockCover:
+    (q_lo, q_hi), (kv_lo, kv_hi) = grid.q_pos, grid.kv_pos
+    d_lo, d_hi = _outer(kv_lo, q_hi, torch.sub).T, _outer(kv_hi, q_lo, torch.sub).T  # range of j - p per tile
+    lo, hi = -mask.left, mask.right
+    return BlockCover((d_hi >= lo) & (d_lo <= hi), (d_lo >= lo) & (d_hi <= hi))
+
+
+@cover.register
+def _(mask: Chunked, grid: BlockGrid) -> BlockCover:
+    causal = cover(Causal(), grid)
+    q_chunk = grid.q_tiles(torch.div(grid.ctx.q_positions[grid.rows], mask.chunk, rounding_mode="floor"))
+    kv_chunk = grid.kv_tiles(torch.div(grid.ctx.kv_positions[grid.rows], mask.chunk, rounding_mode="floor"))
+    return BlockCover(causal.any & _overlap(*q_chunk, *kv_chunk), causal.full & _single_equal(*q_chunk, *kv_chunk))
+
+
+@cover.register
 def _(mask: Strided, grid: BlockGrid) -> BlockCover:
     s = mask.stride
     q_pos = torch.remainder(grid.ctx.q_positions[grid.rows], s)  # (R, Lq) residues
@@ -205,8 +225,21 @@ def evaluate_on(mask: MaskSpec, ctx: MaskContext, rows: torch.Tensor, q_idx: tor
 
 
 def probe(mask: MaskSpec, grid: BlockGrid) -> BlockCover:
-    """Cover by evaluating the mask on every entry (O(Lq x Lk)): for dense, custom and unknown masks."""
-    allowed = evaluate_on(mask, grid.ctx, grid.rows, grid.q_index, grid.kv_index)  # (R|1, H|1, Lq|1, Lk|1)
+    """Cover by evaluating the mask on every entry (O(Lq x Lk)): only for custom and unknown masks."""
+    return _tiles(evaluate_on(mask, grid.ctx, grid.rows, grid.q_index, grid.kv_index), grid)
+
+
+@cover.register
+def _(mask: Dense, grid: BlockGrid) -> BlockCover:
+    """A dense tensor is its own data: its tiles are reduced directly (no bound function per entry)."""
+    t = mask.tensor.to(grid.ctx.device)  # (B|1, H|1, Lq|1, Lk|1)
+    t = t[grid.rows] if t.shape[0] > 1 else t
+    t = t.expand(-1, -1, grid.ctx.q_len, grid.ctx.kv_len)[:, :, grid.q_index][:, :, :, grid.kv_index]  # tile order
+    return _tiles(t, grid)
+
+
+def _tiles(allowed: torch.Tensor, grid: BlockGrid) -> BlockCover:
+    """Any/all per tile of ``allowed (R|1, H|1, Lq|1, Lk|1)`` (grid order) over rows and heads."""
     Lq, Lk = grid.q_index.numel(), grid.kv_index.numel()
     allowed = allowed.expand(*allowed.shape[:2], Lq, Lk).to(torch.int8)
     pad_q, pad_k = grid.n_q * grid.q_block - Lq, grid.n_kv * grid.kv_block - Lk

@@ -83,11 +83,13 @@ def materialize(
     """The dense boolean mask of a call, broadcastable to ``(B, H, Lq, Lk)``; ``None`` when there is no mask.
 
     ``q_positions``/``kv_positions`` are the call's normalised ``(B|1, L)`` positions. Bool tensors pass
-    through untouched (they are already dense).
+    through untouched (they are already dense); a prepared mask gives its own (cached) dense form.
     """
     if mask is None:
         return None
     if isinstance(mask, torch.Tensor):
         return mask
+    if hasattr(mask, "dense"):  # a PreparedMask: already bound to the call (its dense form is kept)
+        return mask.dense()
     ctx = context_for(mask, q_positions, kv_positions)
     return evaluate(mask.bind(ctx), ctx, heads=mask.heads)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from attnkit._checks import positive_int
+from attnkit._checks import integer, positive_int
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
 
 # fn(b, h, q_idx, kv_idx) -> bool tensor, all arguments broadcasting int64 tensors
@@ -194,6 +194,59 @@ class SlidingWindow(MaskSpec):
 
     def __repr__(self) -> str:
         return f"sliding_window({self.window})"
+
+
+class TwoSidedWindow(MaskSpec):
+    """flash-attn's ``window_size=(left, right)``: a query at p sees keys p - left <= j <= p + right (encoders)."""
+
+    positional = True
+
+    def __init__(self, left: int, right: int):
+        fix = "use ints >= 0 (sliding_window(left, right) sees left keys back and right keys ahead)."
+        self.left = integer(left, "left", low=0, fix=fix)
+        self.right = integer(right, "right", low=0, fix=fix)
+
+    def bind(self, ctx: MaskContext) -> BoundMask:
+        positions, left, right = _lookup(ctx), self.left, self.right
+
+        def fn(b, h, q_idx, kv_idx):
+            q_pos, kv_pos = positions(b, q_idx, kv_idx)
+            d = kv_pos - q_pos
+            return (d >= -left) & (d <= right)
+
+        return fn
+
+    def offsets(self) -> tuple[int, int]:
+        return -self.left, self.right
+
+    def __repr__(self) -> str:
+        return f"sliding_window({self.left}, {self.right})"
+
+
+class Chunked(MaskSpec):
+    """Chunked local attention (Llama 4's local layers): a query at p sees keys j of its own chunk of C
+    positions, causally: ``j // C == p // C`` and ``j <= p``."""
+
+    positional = True
+
+    def __init__(self, chunk: int):
+        self.chunk = positive_int(chunk, "chunk", "use chunk >= 1 (the number of positions per chunk, e.g. 8192).")
+
+    def bind(self, ctx: MaskContext) -> BoundMask:
+        positions, chunk = _lookup(ctx), self.chunk
+
+        def fn(b, h, q_idx, kv_idx):
+            q_pos, kv_pos = positions(b, q_idx, kv_idx)
+            return (kv_pos <= q_pos) & (torch.div(kv_pos, chunk, rounding_mode="floor")
+                                        == torch.div(q_pos, chunk, rounding_mode="floor"))
+
+        return fn
+
+    def reach(self) -> tuple[int, int]:
+        return 1 - self.chunk, 0  # the chunk's first key is at most C - 1 positions back
+
+    def __repr__(self) -> str:
+        return f"chunked({self.chunk})"
 
 
 class Strided(MaskSpec):

@@ -24,6 +24,7 @@ from torch import nn
 
 from attnkit._bias import StructuredBias
 from attnkit._checks import integer
+from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
 
 
 def _power_of_two_slopes(n: int) -> list[float]:
@@ -43,32 +44,68 @@ def alibi_slopes(num_heads: int) -> torch.Tensor:
     return torch.tensor(_slopes(num_heads), dtype=torch.float64).float()  # (H,)
 
 
+def _check_slopes(slopes: object, num_heads: int) -> torch.Tensor:
+    if not isinstance(slopes, torch.Tensor) or not slopes.dtype.is_floating_point:
+        raise AttnkitTypeError(f"ALiBi slopes must be a float tensor (H,) or (B, H), got {describe(slopes)}; pass "
+                               "e.g. torch.tensor([0.5, 0.25]) or omit it for the paper's slopes.")
+    if slopes.dim() not in (1, 2) or slopes.shape[-1] != num_heads:
+        raise AttnkitValueError(f"ALiBi slopes must have shape ({num_heads},) or (B, {num_heads}) for num_heads="
+                                f"{num_heads}, got {describe(slopes)}; give one slope per head (per batch row).")
+    if not bool(torch.isfinite(slopes.detach()).all()):
+        raise AttnkitValueError(f"ALiBi slopes must be finite, got {describe(slopes)}; replace inf/NaN slopes.")
+    return slopes
+
+
 class ALiBi(nn.Module, StructuredBias):
     """ALiBi bias for ``num_heads`` query heads: ``score(h, q_pos, kv_pos) = -slopes[h] * |q_pos - kv_pos|``.
 
-    ``slopes`` is a non-persistent float32 buffer ``(H,)``. ``forward`` is :meth:`materialize`: a dense float32
-    bias ``(B|1, H, Lq, Lk)`` from positions ``(B|1, Lq)`` and ``(B|1, Lk)``.
+    ``slopes`` defaults to the paper's (a non-persistent float32 buffer ``(H,)``). Any slopes may be given
+    instead: ``(H,)`` per head or ``(B, H)`` per batch row and head (finite floats, kept as a float32 buffer
+    that is saved with the module; an ``nn.Parameter`` stays a trainable parameter). Per-row slopes are
+    evaluated per entry (no shared offset table). ``forward`` is :meth:`materialize`: a dense float32 bias
+    ``(B|1, H, Lq, Lk)`` from positions ``(B|1, Lq)`` and ``(B|1, Lk)``.
     """
 
     slopes: torch.Tensor
-    relative = True  # -m * |q_pos - kv_pos| depends only on the offset
 
-    def __init__(self, num_heads: int):
+    def __init__(self, num_heads: int, slopes: torch.Tensor | None = None):
         super().__init__()
         self.num_heads = integer(num_heads, "num_heads", low=1, fix="pass the number of query heads.")
-        self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
+        if slopes is None:
+            self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
+        else:
+            slopes = _check_slopes(slopes, self.num_heads)
+            if isinstance(slopes, nn.Parameter):
+                self.slopes = slopes
+            else:
+                self.register_buffer("slopes", slopes.detach().float())
+        self.batch = 1 if self.slopes.dim() == 1 else self.slopes.shape[0]
+        self.relative = self.batch == 1  # -m_h * |q_pos - kv_pos| depends only on the head and the offset
 
     def extra_repr(self) -> str:
-        return f"num_heads={self.num_heads}"
+        return f"num_heads={self.num_heads}" + (f", batch={self.batch}" if self.batch > 1 else "")
 
-    def score(self, h: torch.Tensor, q_pos: torch.Tensor, kv_pos: torch.Tensor) -> torch.Tensor:
-        """Bias ``-slopes[h] * |q_pos - kv_pos|`` as float32, broadcasting its three arguments."""
-        slopes = self.slopes.to(device=q_pos.device, dtype=torch.float32)  # (H,), a no-op when already there
-        return -slopes[h] * (q_pos - kv_pos).abs().to(torch.float32)
+    def score(self, h: torch.Tensor, q_pos: torch.Tensor, kv_pos: torch.Tensor,
+              b: torch.Tensor | None = None) -> torch.Tensor:
+        """Bias ``-slopes[(b,) h] * |q_pos - kv_pos|`` as float32, broadcasting its arguments (``b``, the batch
+        row, is needed for per-row slopes)."""
+        slopes = self.slopes.to(device=q_pos.device, dtype=torch.float32)  # (H,) or (B, H)
+        if slopes.dim() == 2:
+            if b is None:
+                raise AttnkitValueError(f"ALiBi with per-row slopes {tuple(slopes.shape)} needs the batch index b; "
+                                        "call score(h, q_pos, kv_pos, b=...).")
+            m = slopes[b, h]
+        else:
+            m = slopes[h]
+        return -m * (q_pos - kv_pos).abs().to(torch.float32)
 
-    def reach(self, margin: torch.Tensor) -> torch.Tensor:
-        """``margin / slopes``: beyond this distance head h's penalty exceeds ``margin[h]``; ``(H,)`` float."""
-        return margin.to(torch.float64) / self.slopes.to(device=margin.device, dtype=torch.float64)
+    def reach(self, margin: torch.Tensor) -> torch.Tensor | None:
+        """``margin / slopes``: beyond this distance head h's penalty exceeds ``margin[h]``; ``(H,)`` float
+        (None when a slope is negative or per row: the penalty then does not fall with distance per head)."""
+        slopes = self.slopes.detach().to(device=margin.device, dtype=torch.float64)
+        if slopes.dim() != 1 or bool((slopes < 0).any()):
+            return None
+        return margin.to(torch.float64) / slopes
 
     def forward(self, q_positions: torch.Tensor, kv_positions: torch.Tensor) -> torch.Tensor:
         return self.materialize(q_positions, kv_positions)

@@ -14,6 +14,7 @@ Shape legend: B rows per micro-batch (this rank), L seq_len, V vocab_size.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import math
@@ -25,6 +26,8 @@ import torch
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel
 
+from attnkit import distributed as cp
+from attnkit import masks
 from attnkit.errors import AttnkitError, AttnkitValueError
 from attnkit.models.builders import PRESETS, lm_config
 from attnkit.models.lm import TransformerLM
@@ -80,6 +83,7 @@ class TrainConfig:
     sample_prompt: str = "def "
     sample_tokens: int = 160
     progress: bool = True
+    context_parallel: int = 1  # ranks sharing each row's sequence (world = data parallel x this)
 
     def __post_init__(self):
         self.betas = tuple(self.betas)
@@ -167,6 +171,23 @@ def lm_loss(model, batch, precision: str, device: torch.device) -> torch.Tensor:
     return F.cross_entropy(logits.float().flatten(0, 1), batch.targets.flatten())
 
 
+def cp_lm_loss(model, bare: TransformerLM, batch, precision: str, device: torch.device, groups) -> torch.Tensor:
+    """:func:`lm_loss` on a context-parallel rank: its shard of every row, attention over the whole row.
+
+    Scaled by ``cp`` so that DDP's average over all ``dp x cp`` ranks is the gradient of the whole batch's
+    mean loss (and so is the averaged loss itself)."""
+    B, L = batch.inputs.shape
+    positions = batch.positions if batch.positions is not None else torch.arange(L, device=device).expand(B, L)
+    layout = cp.layout_for(bare.mask(doc_ids=batch.doc_ids), L, groups.cp)  # balanced for the row's mask
+    inputs, targets, local_positions = cp.shard_rows(layout, groups.cp_rank, batch.inputs, batch.targets, positions)
+    documents = None if batch.doc_ids is None else masks.document(batch.doc_ids)  # needs the whole row
+    with cp.sharded(layout, documents, positions=positions, group=groups.group, modules=bare), \
+            autocast(precision, device):
+        logits = model(inputs, positions=local_positions)  # (B, L_r, V)
+    total = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="sum")
+    return total * groups.cp / (B * L)
+
+
 @torch.no_grad()
 def evaluate(model, batches, precision: str, device: torch.device) -> float:
     """Mean validation loss over fixed batches (token-weighted)."""
@@ -228,7 +249,8 @@ class Trainer:
         if config.overfit:  # every step sees all the samples
             config = replace(config, batch_size=config.overfit_samples)
         self.config, self.device = config, self.ctx.device
-        dist.check_batch(config.batch_size, self.ctx)
+        self.groups = cp.groups(self.ctx.rank, self.ctx.world, config.context_parallel)
+        dist.check_batch(config.batch_size, replace(self.ctx, world=self.groups.dp))
         self.run_dir = Path(config.run_dir)
         if resume is None and self.ctx.is_main and self.run_dir.is_dir():  # refuse early, before loading data
             RunFolder(self.run_dir, log=self.log).check_fresh(config.overwrite)
@@ -253,6 +275,10 @@ class Trainer:
             self.log(f"initialised from {init_ckpt} (step {self.init_state['step']}, run "
                      f"{self.init_state.get('run_id')}): a new run with its weights and a fresh optimizer")
         self.model.gradient_checkpointing = config.grad_checkpointing
+        if self.groups.cp > 1:
+            cp.check_model(self.model)
+            self._cp_counting = contextlib.ExitStack()  # this rank's context-parallel bytes, per step in metrics
+            self._cp_sent = self._cp_counting.enter_context(cp.count_messages())
         self.optimizer = torch.optim.AdamW(param_groups(self.model, config.weight_decay), lr=config.lr,
                                            betas=config.betas, fused=False, foreach=True)
         self.step = 0
@@ -333,8 +359,8 @@ class Trainer:
 
     def _decide_precision_and_steps(self) -> tuple[str, int, dict]:
         c = self.config
-        batch = self.train_data.batch(0, c.batch_size, seed=c.seed, rank=self.ctx.rank,
-                                      world=self.ctx.world).to(self.device)
+        batch = self.train_data.batch(0, c.batch_size, seed=c.seed, rank=self.groups.dp_rank,
+                                      world=self.groups.dp).to(self.device)
         rng = torch.get_rng_state()
 
         def fwd_bwd(precision: str):
@@ -435,10 +461,12 @@ class Trainer:
             loss_sum = torch.zeros((), device=self.device)
             for micro in range(c.accum):
                 batch = self.train_data.batch((step - 1) * c.accum + micro, c.batch_size, seed=c.seed,
-                                              rank=ctx.rank, world=ctx.world).to(self.device)
+                                              rank=self.groups.dp_rank, world=self.groups.dp).to(self.device)
                 sync_now = self.ddp is None or micro == c.accum - 1
                 with _maybe_no_sync(self.ddp, sync_now):
-                    loss = lm_loss(self.ddp or self.model, batch, self.precision, self.device) / c.accum
+                    loss = (lm_loss(self.ddp or self.model, batch, self.precision, self.device) if self.groups.cp == 1
+                            else cp_lm_loss(self.ddp or self.model, self.model, batch, self.precision, self.device,
+                                            self.groups)) / c.accum
                     loss.backward()
                 loss_sum += loss.detach()
             grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), c.clip)
@@ -452,6 +480,9 @@ class Trainer:
             elapsed = time.perf_counter() - start
             record = {"step": self.step, "loss": loss_value, "lr": lr, "grad_norm": float(grad_norm),
                       "tokens": self.step * tokens_per_step, "tok_per_s": tokens_done / elapsed}
+            if self.groups.cp > 1:
+                record["cp_bytes_sent"] = self._cp_sent.nbytes()  # rank 0's context-parallel messages
+                self._cp_sent.sent.clear()
             if self.step % c.eval_every == 0 or self.step == self.total_steps:
                 val_loss = evaluate(self.model, eval_batches, self.precision, self.device)
                 record.update(val_loss=val_loss, val_ppl=math.exp(min(val_loss, 50.0)))

@@ -1,0 +1,236 @@
+"""A mask prepared for one forward: bound once to its positions, then read by every layer and backend.
+
+:func:`prepare` binds a mask (an ``ak.masks`` mask or a bool tensor) to the positions of a call and returns a
+:class:`PreparedMask`. It carries
+
+- ``fn``: the bound elementwise function ``fn(b, h, q_idx, kv_idx) -> bool`` (flex's ``mask_mod``),
+- :meth:`~PreparedMask.dense`: the dense bool tensor ``(B|1, H|1, Lq, Lk)``, built on first use and kept,
+- :meth:`~PreparedMask.block_cover`: which ``block x block`` tiles may hold / are full of allowed entries, kept,
+- :attr:`~PreparedMask.structure`: a small description a backend or a cache can act on without evaluating
+  anything: the offset band (how far back and ahead it reaches), document ids, key lengths, chunk size, stride,
+- :meth:`~PreparedMask.memo`: a per-object store where backends keep what they derive (flex's block mask,
+  blocksparse's plans), so a model that prepares its mask once per forward builds each of them once, not
+  once per layer.
+
+``ak.attention`` accepts a prepared mask wherever it accepts a mask (and prepares a plain one itself, for
+that one call). A prepared mask lives for one forward: nothing is keyed on object identity or memory
+addresses across calls, so it serves only what it provably equals. Its derived forms are computed from the
+mask data and positions the first time they are asked for: don't edit those tensors in place while the
+prepared mask is in use (prepare a new one for the next batch).
+
+>>> import torch, attnkit as ak
+>>> pm = ak.masks.prepare(ak.masks.causal() & ak.masks.padding(torch.tensor([3, 2])), 4)
+>>> pm.batch, pm.q_len, pm.kv_len, pm.structure.reach, pm.structure.key_lengths.tolist()
+(2, 4, 4, (None, 0), [3, 2])
+>>> pm.dense().shape
+torch.Size([2, 1, 4, 4])
+
+Shape legend: B batch, H heads the mask distinguishes (1 unless a per-head tensor), Lq/Lk query/key lengths,
+nQ/nK tile counts.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
+from attnkit.masks.blocks import BlockCover, BlockGrid, cover
+from attnkit.masks.dense import context_for, default_positions, evaluate
+from attnkit.masks.spec import BoundMask, Causal, Chunked, Dense, Document, MaskContext, MaskSpec, Padding, Strided
+
+
+@dataclass(frozen=True)
+class MaskStructure:
+    """What a prepared mask is, as far as backends and caches can exploit it (None = not known / absent).
+
+    ``reach``: bounds ``(lo, hi)`` on ``kv_pos - q_pos`` of every allowed entry (:meth:`MaskSpec.reach`);
+    ``offsets``: the exact offset interval when the mask is nothing else (:meth:`MaskSpec.offsets`);
+    ``doc_ids``: ``(q_doc (B, Lq), kv_doc (B, Lk))`` of a document conjunct; ``key_lengths``: ``(B,)`` real keys
+    per row of a padding-by-lengths conjunct; ``chunk``: C of a ``chunked(C)`` conjunct; ``stride``: s of a
+    ``strided(s)`` conjunct.
+    """
+
+    reach: tuple[int | None, int | None]
+    offsets: tuple[int | None, int | None] | None
+    doc_ids: tuple[torch.Tensor, torch.Tensor] | None
+    key_lengths: torch.Tensor | None
+    chunk: int | None
+    stride: int | None
+
+
+class PreparedMask:
+    """A mask bound to one call's positions (see the module docstring); build it with :func:`prepare`.
+
+    Attributes: ``spec`` (the :class:`MaskSpec`; a bool tensor is wrapped as :class:`Dense`), ``source`` (what
+    was passed), ``is_tensor``, ``ctx`` (:class:`MaskContext`, positions ``(B, Lq)``/``(B, Lk)``), ``batch``,
+    ``q_len``, ``kv_len``, ``heads``, ``device``, ``default_positions`` (keys at ``arange(Lk)``, queries at the
+    last Lq of them).
+    """
+
+    def __init__(self, mask: MaskSpec | torch.Tensor, q_positions: torch.Tensor | int,
+                 kv_positions: torch.Tensor | int | None = None, batch: int | None = None, *,
+                 _default: bool | None = None):
+        self.source = mask
+        self.is_tensor = isinstance(mask, torch.Tensor)
+        if self.is_tensor:
+            if mask.dtype != torch.bool or mask.dim() > 4:
+                raise AttnkitTypeError(f"prepare expects an ak.masks mask or a bool tensor with at most 4 dims "
+                                       f"(True = may attend), got {describe(mask)}; use tensor.bool().")
+            mask = Dense(mask.reshape((1,) * max(0, 2 - mask.dim()) + tuple(mask.shape)))  # (.., Lq|1, Lk|1)
+        elif not isinstance(mask, MaskSpec):
+            raise AttnkitTypeError(f"prepare expects an ak.masks mask or a bool tensor, got {describe(mask)}; build "
+                                   "one with ak.masks.causal(), ak.masks.padding(...), ... or wrap a tensor.")
+        self.spec: MaskSpec = mask
+        self.ctx: MaskContext = context_for(mask, q_positions, kv_positions, batch=batch)
+        self.batch, self.q_len, self.kv_len = self.ctx.batch, self.ctx.q_len, self.ctx.kv_len
+        self.heads, self.device = mask.heads, self.ctx.device
+        self.default_positions = _is_default(q_positions, kv_positions, self.ctx) if _default is None else _default
+        self._memo: dict[Any, Any] = {}
+
+    @classmethod
+    def for_call(cls, mask: MaskSpec | torch.Tensor, q_positions: torch.Tensor | None,
+                 kv_positions: torch.Tensor | None, batch: int, q_len: int, kv_len: int,
+                 device: torch.device) -> PreparedMask:
+        """Prepare for a validated call: positions ``(B|1, L)`` or None for the defaults (no check needed)."""
+        dq, dkv = default_positions(q_len, kv_len, device)  # (1, Lq), (1, Lk)
+        default = q_positions is None and kv_positions is None
+        prepared = cls(mask, dq if q_positions is None else q_positions, dkv if kv_positions is None else kv_positions,
+                       batch, _default=default)
+        return prepared
+
+    # ------------------------------------------------------------------ bound forms
+    @property
+    def fn(self) -> BoundMask:
+        """The bound elementwise function ``fn(b, h, q_idx, kv_idx) -> bool`` (broadcasting int64 indices)."""
+        return self.memo("fn", lambda: self.spec.bind(self.ctx))
+
+    def dense(self) -> torch.Tensor:
+        """The dense bool mask, broadcastable to ``(B, H, Lq, Lk)`` (a tensor mask is returned as given, 4-D)."""
+        if "dense" not in self._memo:
+            if self.is_tensor:
+                self.fn  # noqa: B018 -- binding checks the tensor against the call's shape
+                self._memo["dense"] = self.spec.tensor.to(self.device)  # (B|1, H|1, Lq|1, Lk|1)
+            else:
+                self._memo["dense"] = evaluate(self.fn, self.ctx, heads=self.heads)  # (B, H|1, Lq, Lk)
+        return self._memo["dense"]
+
+    def dense_opened(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``(mask | empty_rows, empty_rows)``: rows with no visible key opened to every key (their output is
+        zeroed afterwards, which gives finite gradients on any kernel), and the empty-row mask
+        ``(B|1, H|1, Lq, 1)``; ``(mask, None)`` when every row sees a key."""
+        if "opened" not in self._memo:
+            allowed = self.dense()
+            empty = ~allowed.any(dim=-1, keepdim=True)  # (B|1, H|1, Lq, 1)
+            if not torch.compiler.is_compiling() and not bool(empty.any()):  # (data-dependent: breaks graphs)
+                self._memo["opened"] = (allowed, None)
+            else:
+                self._memo["opened"] = (allowed | empty, empty)
+        return self._memo["opened"]
+
+    def block_cover(self, block: int, kv_block: int | None = None) -> BlockCover:
+        """The :class:`~attnkit.masks.blocks.BlockCover` ``(nQ, nK)`` of tiles of ``block`` queries by
+        ``kv_block`` (default ``block``) keys over every batch row, in index order."""
+        kv_block = kv_block or block
+        self.fn  # noqa: B018 -- binding checks the mask's data against the call (lengths, batch)
+        return self.memo(("cover", block, kv_block), lambda: cover(self.spec, self.grid(block, kv_block)))
+
+    def grid(self, block: int, kv_block: int | None = None, rows: torch.Tensor | None = None,
+             q_index: torch.Tensor | None = None, kv_index: torch.Tensor | None = None) -> BlockGrid:
+        """A :class:`~attnkit.masks.blocks.BlockGrid` over this mask's context (defaults: every row, index order)."""
+        dev = self.device
+        return BlockGrid(self.ctx, torch.arange(self.batch, device=dev) if rows is None else rows,
+                         torch.arange(self.q_len, device=dev) if q_index is None else q_index,
+                         torch.arange(self.kv_len, device=dev) if kv_index is None else kv_index,
+                         block, kv_block or block)
+
+    def memo(self, key: Any, build: Callable[[], Any]) -> Any:
+        """``build()`` once per key for this prepared mask (backends keep their derived forms here)."""
+        if key not in self._memo:
+            self._memo[key] = build()
+        return self._memo[key]
+
+    # ------------------------------------------------------------------ structure
+    @property
+    def structure(self) -> MaskStructure:
+        """The :class:`MaskStructure` (computed on first use)."""
+        return self.memo("structure", self._structure)
+
+    def _structure(self) -> MaskStructure:
+        parts = self.spec.conjuncts()
+        docs = next((p for p in parts if isinstance(p, Document)), None)
+        pads = next((p for p in parts if isinstance(p, Padding) and p.lengths is not None), None)
+        return MaskStructure(
+            reach=self.spec.reach(), offsets=self.spec.offsets(),
+            doc_ids=None if docs is None else docs.ids_for(self.ctx),
+            key_lengths=None if pads is None else pads.lengths.to(self.device).expand(self.batch),
+            chunk=next((p.chunk for p in parts if isinstance(p, Chunked)), None),
+            stride=next((p.stride for p in parts if isinstance(p, Strided)), None))
+
+    @property
+    def pure_causal(self) -> bool:
+        """Exactly ``causal()`` on the default (bottom-right aligned) positions."""
+        return type(self.spec) is Causal and self.default_positions
+
+    def sdpa_flag(self, q_len: int, kv_len: int) -> str | None:
+        """How SDPA can serve the mask without a tensor: ``"none"`` (a causal decode step: the last position
+        sees every key), ``"causal"`` (``is_causal=True``: square, default positions), else None."""
+        if not self.pure_causal:
+            return None
+        return "none" if q_len == 1 else "causal" if q_len == kv_len else None
+
+    # ------------------------------------------------------------------ use in a call
+    def check_call(self, batch: int, q_len: int, kv_len: int, device: torch.device) -> None:
+        """Raise unless the call's batch, lengths and device are the ones the mask was prepared for."""
+        if (self.q_len, self.kv_len) != (q_len, kv_len) or self.batch not in (1, batch) or self.device != device:
+            raise AttnkitValueError(
+                f"mask was prepared for batch {self.batch}, Lq={self.q_len}, Lk={self.kv_len} on {self.device}, but "
+                f"the call has batch {batch}, Lq={q_len}, Lk={kv_len} on {device}; prepare it with this call's "
+                "positions (ak.masks.prepare(mask, q_positions, kv_positions, batch)).")
+
+    def same_positions(self, name: str, positions: torch.Tensor | None) -> torch.Tensor | None:
+        """The call's ``positions (B|1, L)`` checked equal to the prepared ones (or the prepared ones when None)."""
+        mine = self.ctx.q_positions if name == "q_positions" else self.ctx.kv_positions  # (B, L)
+        if positions is None:
+            return None if self.default_positions else mine
+        if not torch.compiler.is_compiling() and not torch.equal(positions.expand_as(mine), mine):
+            raise AttnkitValueError(
+                f"{name} {describe(positions)} differ from the positions the mask was prepared with; pass the same "
+                f"{name} to ak.masks.prepare and ak.attention (or omit them here: the prepared ones are used).")
+        return positions
+
+    def __repr__(self) -> str:
+        return f"prepared({self.spec!r}, B={self.batch}, Lq={self.q_len}, Lk={self.kv_len})"
+
+
+def _is_default(q_positions, kv_positions, ctx: MaskContext) -> bool:
+    """Whether the positions are the defaults (lengths given, or tensors equal to the bottom-right aranges)."""
+    if isinstance(q_positions, int) and (kv_positions is None or isinstance(kv_positions, int)):
+        return True
+    if torch.compiler.is_compiling():
+        return False
+    dq, dkv = default_positions(ctx.q_len, ctx.kv_len, ctx.device)  # (1, Lq), (1, Lk)
+    return torch.equal(ctx.q_positions, dq.expand_as(ctx.q_positions)) and \
+        torch.equal(ctx.kv_positions, dkv.expand_as(ctx.kv_positions))
+
+
+def prepare(mask: MaskSpec | torch.Tensor | PreparedMask | None, q_positions: torch.Tensor | int,
+            kv_positions: torch.Tensor | int | None = None, batch: int | None = None) -> PreparedMask | None:
+    """Bind ``mask`` once for a forward: a :class:`PreparedMask` every layer's ``ak.attention`` can share.
+
+    Args:
+        mask: an ``ak.masks`` mask or a bool tensor broadcastable to ``(B, H, Lq, Lk)`` (True = may attend);
+            None gives None, and a prepared mask is returned as it is.
+        q_positions: absolute query positions, int ``(Lq,)`` or ``(B, Lq)``, or the length ``Lq`` (then the
+            queries are the last Lq keys: bottom-right alignment).
+        kv_positions: key positions ``(Lk,)``/``(B, Lk)`` or the length ``Lk``; default ``q_positions``.
+        batch: B, when neither the positions nor the mask's data say it.
+
+    Pass the same positions to ``ak.attention`` (or none: the prepared ones are used).
+    """
+    if mask is None or isinstance(mask, PreparedMask):
+        return mask
+    return PreparedMask(mask, q_positions, kv_positions, batch)

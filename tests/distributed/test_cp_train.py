@@ -1,0 +1,88 @@
+"""``attnkit train --context-parallel N`` under torchrun: the rows' sequences split over ranks train like one process."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from attnkit.training.metrics import read_metrics
+from training.train_helpers import cli_args, run_cli
+
+ARGS = ["--steps", "4", "--batch-size", "2", "--ckpt-every", "4", "--seq-len", "33", "--eval-every", "4"]
+
+
+def _torchrun(n: int, *args) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n),
+                           "-m", "attnkit.cli.main", *args], env=env, capture_output=True, text=True, timeout=300)
+
+
+def _losses(run_dir):
+    return torch.tensor([r["loss"] for r in read_metrics(run_dir / "metrics.jsonl")], dtype=torch.float64)
+
+
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="torch built without gloo")
+def test_two_process_context_parallel_equals_one_process(tmp_path):
+    one, two = tmp_path / "one", tmp_path / "two"
+    single = run_cli(cli_args(one, *ARGS))
+    assert single.returncode == 0, single.stderr[-3000:]
+    cp = _torchrun(2, *cli_args(two, *ARGS, "--context-parallel", "2"))
+    assert cp.returncode == 0, cp.stderr[-3000:]
+    assert "world 2" in cp.stdout
+    a, b = _losses(one), _losses(two)
+    assert len(a) == len(b) == 4 and a[0] != a[-1]  # it trained
+    sent = [r["cp_bytes_sent"] for r in read_metrics(two / "metrics.jsonl")]
+    assert sum(sent) > 0, "the ranks exchanged no key/value shard: the rows were not split"
+    err = float((a - b).abs().max())
+    assert err <= 1e-5 * float(a.abs().max()), f"context-parallel losses {b.tolist()} vs one process {a.tolist()}"
+
+
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="torch built without gloo")
+def test_data_parallel_times_context_parallel_equals_one_process(tmp_path):
+    """4 processes = 2 data-parallel replicas x 2 context-parallel ranks: each replica's row split in two."""
+    one, four = tmp_path / "one", tmp_path / "four"
+    single = run_cli(cli_args(one, *ARGS))
+    assert single.returncode == 0, single.stderr[-3000:]
+    run = _torchrun(4, *cli_args(four, *ARGS, "--context-parallel", "2"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "world 4" in run.stdout
+    a, b = _losses(one), _losses(four)
+    assert sum(r["cp_bytes_sent"] for r in read_metrics(four / "metrics.jsonl")) > 0
+    err = float((a - b).abs().max())
+    assert err <= 1e-5 * float(a.abs().max()), f"dp x cp losses {b.tolist()} vs one process {a.tolist()}"
+
+
+def test_context_parallel_must_divide_the_world():
+    from attnkit.distributed import groups
+
+    with pytest.raises(ValueError, match="context_parallel=3 must be a positive int dividing the number of processes 2"):
+        groups(0, 2, 3)
+
+
+def test_linear_attention_models_are_refused():
+    from attnkit.distributed import check_model
+    from attnkit.nn import LinearAttention
+
+    with pytest.raises(NotImplementedError, match="are linear attention"):
+        check_model(torch.nn.Sequential(LinearAttention(16, 2)))
+
+
+@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="torch built without gloo")
+def test_context_parallel_run_resumes_bitwise(tmp_path):
+    import shutil
+
+    from attnkit.training.checkpoint import list_checkpoints
+
+    run = tmp_path / "run"
+    first = _torchrun(2, *cli_args(run, *ARGS, "--ckpt-every", "2", "--context-parallel", "2"))
+    assert first.returncode == 0, first.stderr[-3000:]
+    crashed = tmp_path / "crashed"
+    shutil.copytree(run, crashed)
+    shutil.rmtree(list_checkpoints(crashed)[-1])  # as if killed between the checkpoints of steps 2 and 4
+    resumed = _torchrun(2, "train", "--resume", str(crashed), "--no-progress")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert "resumed" in resumed.stdout
+    assert _losses(crashed).tolist() == _losses(run).tolist()  # exact floats, every step
