@@ -19,6 +19,7 @@ def test_bench_hf_records_both_sections(tmp_path):
     window = record["sliding_window_training"]
     assert set(window["contenders"]) == {"attnkit", "sdpa"}
     assert window["max_loss_diff_vs_sdpa"] < 1e-5
+    assert set(record["attention_alone"]["contenders"]) == {"attnkit", "sdpa_dense_mask"}
     minilm = record["minilm_embeddings"]
     if minilm is not None:  # the package is a test extra
         assert minilm["max_abs_diff_attnkit_vs_package"] < 1e-5

@@ -63,3 +63,13 @@ def test_convert_refuses_an_unsupported_family_with_exit_2(tmp_path, capsys):
 def test_convert_needs_a_folder_with_config(tmp_path, capsys):
     assert main(["convert", "--hf", str(tmp_path), "--out", str(tmp_path / "run")]) == 2
     assert "is not a Hugging Face model folder (no config.json)" in capsys.readouterr().err
+
+
+def test_report_on_a_converted_run_uses_its_tokenizer(hf_folder, tmp_path, capsys):
+    folder, _, tokenizer = hf_folder
+    run = tmp_path / "run"
+    assert main(["convert", "--hf", str(folder), "--out", str(run)]) == 0
+    out = tmp_path / "page.html"
+    assert main(["report", str(run), "--text", "attention is all you need", "--no-doctor", "--out", str(out)]) == 0
+    html = out.read_text()
+    assert all(piece in html for piece in tokenizer.tokenize("attention is all you need")), "word pieces missing"

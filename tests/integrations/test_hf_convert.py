@@ -172,3 +172,48 @@ def test_minilm_through_the_converter_gives_the_package_embeddings():
     got = torch.nn.functional.normalize(mean_pool(hidden, batch["attention_mask"]), dim=1)
     err = (got - want).abs().max().item()
     assert err <= TOL, f"MiniLM converted to attnkit vs the package model: {err:.3g}"
+
+
+@pytest.mark.parametrize(("family", "overrides", "message"), [
+    ("llama", {"hidden_act": "gelu"}, "hidden_act='gelu' has no exact attnkit form"),
+    ("llama", {"mlp_bias": True}, "mlp_bias=True has no exact attnkit form"),
+    ("llama", {"rope_parameters": {"rope_type": "default", "rope_theta": 1e4, "partial_rotary_factor": 0.5}},
+     "partial_rotary_factor=0.5 has no exact attnkit form"),
+    ("gpt2", {"activation_function": "silu"}, "activation_function='silu' has no exact attnkit form"),
+    ("bert", {"hidden_act": "silu"}, "hidden_act='silu' has no exact attnkit form"),
+    ("bert", {"is_decoder": True}, "is_decoder=True has no exact attnkit form"),
+])
+def test_config_fields_without_an_attnkit_form_are_named(family, overrides, message):
+    hf = build(family, "eager", **overrides)
+    with pytest.raises(BackendUnsupportedError, match=message):
+        from_hf(hf)
+
+
+def test_from_hf_type_and_mapping_errors():
+    from attnkit.errors import AttnkitTypeError, AttnkitValueError
+    from attnkit.integrations.hf import convert
+
+    with pytest.raises(AttnkitTypeError, match="hf_model must be a transformers PreTrainedModel"):
+        from_hf(torch.nn.Linear(2, 2))
+    gpt2 = convert.FAMILIES["gpt2"]
+    broken = convert.Family(("gpt2",), gpt2.config, lambda cfg: gpt2.params(cfg)[1:], gpt2.causal_lm, gpt2.hf_config)
+    convert.register_family(broken)
+    try:
+        with pytest.raises(AttnkitValueError, match=r"attnkit parameters without a source \['embed.weight'\]"):
+            from_hf(build("gpt2", "eager"))
+    finally:
+        convert.register_family(gpt2)
+    interleaved = from_hf(build("llama", "eager"))
+    interleaved = type(interleaved)(interleaved.config.replace(rope_style="interleaved"))
+    with pytest.raises(AttnkitValueError, match="rope_style='interleaved': transformers rotates half-split pairs"):
+        to_hf(interleaved, "llama")
+
+
+def test_sentence_helpers_refuse_bad_input(tmp_path):
+    from attnkit.errors import AttnkitValueError
+    from attnkit.integrations.hf.sentences import embed, load_encoder
+
+    with pytest.raises(AttnkitValueError, match="is not a Hugging Face model folder"):
+        load_encoder(tmp_path)
+    with pytest.raises(AttnkitValueError, match="sentences must be a non-empty list of strings"):
+        embed(None, None, "one sentence")

@@ -39,23 +39,11 @@ def gpt2_decoder(vocab: int = 8192, dim: int = 512, layers: int = 4, heads: int 
 
 
 def gpt2_from_hf(hf) -> TransformerLM:
-    """The builder's GPT-2 with the weights of a transformers ``GPT2LMHeadModel`` (Conv1D weights are stored
-    ``(in, out)``). The benchmark's own copy until the integrations' converter serves it."""
-    c = hf.config
-    model = gpt2_decoder(c.vocab_size, c.n_embd, c.n_layer, c.n_head, c.n_positions)
-    t = hf.transformer
-    with torch.no_grad():
-        model.embed.weight.copy_(t.wte.weight)
-        model.pos_embed.embedding.weight.copy_(t.wpe.weight)
-        model.norm.load_state_dict(t.ln_f.state_dict())
-        for ours, theirs in zip(model.blocks, t.h):
-            ours.norm1.load_state_dict(theirs.ln_1.state_dict())
-            ours.norm2.load_state_dict(theirs.ln_2.state_dict())
-            for linear, conv in ((ours.attn.qkv_proj, theirs.attn.c_attn), (ours.attn.out_proj, theirs.attn.c_proj),
-                                 (ours.mlp.up, theirs.mlp.c_fc), (ours.mlp.down, theirs.mlp.c_proj)):
-                linear.weight.copy_(conv.weight.t())  # Conv1D (in, out) -> Linear (out, in)
-                linear.bias.copy_(conv.bias)
-    return model.eval()
+    """The weights of a transformers ``GPT2LMHeadModel`` in attnkit's GPT-2 (the integrations' converter: Conv1D
+    weights transposed, learned positions, tied head), in eval mode."""
+    from attnkit.integrations.hf.convert import from_hf
+
+    return from_hf(hf)
 
 
 def hf_gpt2(vocab: int, dim: int, layers: int, heads: int, attn_implementation: str, max_positions: int = 1024):

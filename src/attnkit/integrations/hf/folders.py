@@ -2,7 +2,7 @@
 
 ``attnkit convert --hf PATH --out RUN_DIR`` (:mod:`attnkit.cli.convert`) writes the run the trainer would
 (``RUN_DIR/checkpoints/step_00000000/``), and the model's own tokenizer next to it (``RUN_DIR/tokenizer/``, by
-``AutoTokenizer.save_pretrained``, :func:`save_tokenizer`); :func:`run_tokenizer` finds it again, so
+``AutoTokenizer.save_pretrained``, :func:`save_tokenizer`); :func:`attnkit.integrations.runs.run_tokenizer` finds it again, so
 ``attnkit generate`` and the report speak the model's tokens instead of bytes.
 """
 
@@ -15,7 +15,7 @@ import torch
 
 from attnkit.errors import AttnkitValueError
 
-TOKENIZER_DIR = "tokenizer"
+from attnkit.integrations.runs import TOKENIZER_DIR  # noqa: F401  (re-exported)
 
 
 def load_hf(path: str | Path, *, dtype: torch.dtype = torch.float32):
@@ -63,14 +63,8 @@ class TextTokenizer:
     def decode(self, ids) -> str:
         return self.hf.decode(list(ids), skip_special_tokens=True)
 
+    @classmethod
+    def load(cls, folder: str | Path) -> TextTokenizer:
+        from transformers import AutoTokenizer
 
-def run_tokenizer(path: str | Path) -> TextTokenizer | None:
-    """The tokenizer saved with a converted run (``path``: the run folder or one of its checkpoints), or None
-    when the run has none (a run the trainer wrote: bytes)."""
-    path = Path(path)
-    for folder in (path, path.parent.parent):
-        if (folder / TOKENIZER_DIR / "tokenizer_config.json").is_file():
-            from transformers import AutoTokenizer
-
-            return TextTokenizer(AutoTokenizer.from_pretrained(folder / TOKENIZER_DIR, trust_remote_code=False))
-    return None
+        return cls(AutoTokenizer.from_pretrained(folder, trust_remote_code=False))

@@ -28,7 +28,6 @@ from dataclasses import dataclass
 import torch
 
 from attnkit import masks
-from attnkit.errors import AttnkitValueError
 
 _HF_MODULE = "transformers.masking_utils"
 
@@ -191,8 +190,6 @@ def _or(parts: list) -> masks.MaskSpec | None:
 def _chunked(chunk: int, left_padding: torch.Tensor) -> masks.MaskSpec:
     """HF's ``chunked_overlay``: keys of the query's chunk, chunks counted from each row's first real token."""
     lp = torch.as_tensor(left_padding).long().reshape(-1)  # (B,)
-    if chunk <= 0:
-        raise AttnkitValueError(f"attention_chunk_size must be >= 1, got {chunk}; fix the model config.")
 
     def same_chunk(b, h, q, kv):
         shift = lp.to(q.device)[b]
