@@ -67,6 +67,11 @@ class AttentionCall:
         return self.k.shape[2]
 
     @property
+    def is_empty(self) -> bool:
+        """No batch row, head, query or key: the result has no entry to compute (or is all zeros when Lk = 0)."""
+        return self.q.numel() == 0 or self.k.numel() == 0
+
+    @property
     def default_positions(self) -> bool:
         return self.q_positions is None and self.kv_positions is None
 
@@ -115,6 +120,9 @@ def check_tensors(q: object, k: object, v: object) -> None:
         raise AttnkitValueError(f"batch sizes differ: q {B}, k {k.shape[0]}, v {v.shape[0]}; give q, k, v one batch.")
     if k.shape[1] != v.shape[1] or k.shape[2] != v.shape[2]:
         raise AttnkitValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must agree on (Hkv, Lk).")
+    if D == 0:
+        raise AttnkitValueError(f"q and k have head dim D=0, got q {describe(q)}; scores need at least one feature "
+                                "per head (D >= 1).")
     if k.shape[3] != D:
         raise AttnkitValueError(f"k head dim {k.shape[3]} differs from q head dim {D}; q and k must share D.")
     if k.shape[1] == 0 or H % k.shape[1] != 0:
@@ -149,7 +157,7 @@ def check_positions(positions: object, name: str, batch: int, length: int, devic
                                 "give one position per token of this call.")
     if positions.device != device:
         raise AttnkitValueError(f"{name} is on {positions.device} but q is on {device}; move it with .to(q.device).")
-    return positions.long().reshape(-1, length)  # (B|1, L)
+    return positions.long().reshape(positions.shape[0] if positions.dim() == 2 else 1, length)  # (B|1, L)
 
 
 def check_mask(mask: object, shape: tuple[int, int, int, int], device: torch.device | None = None) -> None:
@@ -216,7 +224,7 @@ def build_call(q, k, v, mask=None, *, bias=None, scale=None, softcap=None, dropo
     check_bias(bias, shape, H)
     reads = [what for what, on in ((f"mask {mask!r}", getattr(mask, "positional", False)),
                                    (f"bias {type(bias).__name__}", isinstance(bias, StructuredBias))) if on]
-    if q_positions is None and reads:
+    if q_positions is None and reads and k.shape[2] > 0:  # (no key: every row is 0 wherever it sits)
         check_default_alignment(Lq, k.shape[2], f"{' and '.join(reads)} read{'' if len(reads) > 1 else 's'} positions; pass q_positions= (and "
                                 "kv_positions=) with the absolute positions of this call's tokens")
     scale = 1.0 / math.sqrt(D) if scale is None else check_scalar(

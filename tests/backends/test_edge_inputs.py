@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import attnkit as ak
-from attnkit.errors import AttnkitTypeError, AttnkitValueError
+from attnkit.errors import AttnkitTypeError, AttnkitValueError, BackendUnsupportedError
 
 M = ak.masks
 BACKENDS = [b for b in ak.backends.available() if b != "flex"]
@@ -107,3 +107,61 @@ def test_global_tokens_memory_does_not_grow_with_the_largest_position(backend):
     assert biggest < 1 << 20, f"largest allocation {biggest} bytes for a 16-token call"
     far = M.global_tokens([10**11])  # a 100 GB table on main
     assert ak.attention(q, q, q, far & M.causal(), backend=backend).shape == (1, 1, 16, 8)
+
+
+# ---------------------------------------------------------------- item 20: empty calls
+
+
+EMPTY_SHAPES = {"Lq=0": (2, 4, 2, 0, 5), "Lk=0": (2, 4, 2, 3, 0), "B=0": (0, 4, 2, 3, 5)}  # (B, H, Hkv, Lq, Lk)
+EMPTY_OPTIONS = {
+    "none": lambda B, Lk: {},
+    "causal": lambda B, Lk: {"mask": M.causal()},
+    "window_alibi": lambda B, Lk: {"mask": M.sliding_window(2), "bias": ak.positions.ALiBi(4)},
+    "padding": lambda B, Lk: {"mask": M.padding([Lk] * B) if B else M.padding(torch.zeros(0, dtype=torch.long))},
+    "float_bias": lambda B, Lk: {"bias": torch.randn(1, 4, 1, Lk)},
+}
+
+
+@pytest.mark.parametrize("backend", ["auto", *ak.backends.available()])
+@pytest.mark.parametrize("option", list(EMPTY_OPTIONS))
+@pytest.mark.parametrize("shape", list(EMPTY_SHAPES))
+def test_empty_calls_give_zeros_of_the_right_shape_forward_and_backward(shape, option, backend):
+    B, H, Hkv, Lq, Lk = EMPTY_SHAPES[shape]
+    kw = EMPTY_OPTIONS[option](B, Lk)
+    q, k, v = torch.randn(B, H, Lq, 8), torch.randn(B, Hkv, Lk, 8), torch.randn(B, Hkv, Lk, 6)
+    if backend == "flex" and isinstance(kw.get("bias"), torch.Tensor):  # a forced backend still refuses
+        with torch.no_grad(), pytest.raises(BackendUnsupportedError, match="flex serves structured biases"):
+            ak.attention(q, k, v, backend=backend, **kw)
+        return
+    grads = backend != "flex"  # flex has no backward on CPU: its forward only (it was a SIGFPE)
+    leaves = [t.clone().requires_grad_(grads) for t in (q, k, v)]
+    with torch.set_grad_enabled(grads):
+        out = ak.attention(*leaves, backend=backend, **kw)
+    assert out.shape == (B, H, Lq, 6) and torch.equal(out, torch.zeros_like(out))
+    if grads:
+        out.sum().backward()
+        for leaf in leaves:
+            assert leaf.grad is not None and leaf.grad.shape == leaf.shape and not leaf.grad.any()
+
+
+@pytest.mark.parametrize("shape", list(EMPTY_SHAPES))
+def test_empty_calls_return_empty_weights(shape):
+    B, H, Hkv, Lq, Lk = EMPTY_SHAPES[shape]
+    q, k = torch.randn(B, H, Lq, 8), torch.randn(B, Hkv, Lk, 8)
+    out, weights = ak.attention(q, k, k, M.causal(), return_weights=True)
+    assert out.shape == (B, H, Lq, 8) and weights.shape == (B, H, Lq, Lk)
+    out, weights = ak.reference_attention(q, k, k, return_weights=True)
+    assert out.shape == (B, H, Lq, 8) and weights.shape == (B, H, Lq, Lk)
+
+
+def test_explicit_empty_positions_and_to_dense():
+    q, k = torch.randn(1, 2, 0, 8), torch.randn(1, 2, 4, 8)
+    out = ak.attention(q, k, k, M.causal(), q_positions=torch.zeros(1, 0, dtype=torch.long))
+    assert out.shape == (1, 2, 0, 8)
+    assert M.causal().to_dense(torch.zeros(0, dtype=torch.long), torch.arange(4)).shape == (1, 1, 0, 4)
+
+
+def test_zero_head_dim_is_a_typed_error():
+    q = torch.randn(1, 2, 3, 0)
+    with pytest.raises(AttnkitValueError, match="head dim D=0"):
+        ak.attention(q, q, q)

@@ -128,9 +128,11 @@ def test_packed_rows_reach_attention_as_one_structured_mask(window):
         block.attn.register_forward_pre_hook(lambda mod, args: seen.append(args[1]))
     doc = torch.tensor([[0] * 5 + [1] * 4 + [2] * 3])
     model(torch.randint(0, V, (1, 12)), positions=restart_positions(doc), doc_ids=doc)
-    assert len(seen) == len(model.blocks) and all(m is seen[0] for m in seen)
-    assert isinstance(seen[0], masks.MaskSpec), f"dense mask reached attention: {type(seen[0])}"
-    assert "document" in repr(seen[0]) and ("sliding_window(3)" if window else "causal") in repr(seen[0])
+    assert len(seen) == len(model.blocks) and all(m is seen[0] for m in seen)  # prepared once, shared
+    assert isinstance(seen[0], masks.PreparedMask) and isinstance(seen[0].spec, masks.MaskSpec), \
+        f"not a structured mask prepared once: {type(seen[0])}"
+    assert seen[0].structure.doc_ids is not None  # the backends can see the documents
+    assert "document" in repr(seen[0].spec) and ("sliding_window(3)" if window else "causal") in repr(seen[0].spec)
 
 
 def test_packed_rows_with_irregular_positions_match_the_reference():

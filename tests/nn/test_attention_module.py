@@ -191,6 +191,10 @@ def test_from_torch_matches_every_configuration(cfg):
         want = t(want)
         got = ours(x, mask) if self_attn else ours(x, mask, context=key, value=value)
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        if mask is not None and (bias_kv or zero):  # a mask prepared once per forward serves the extra keys too
+            prepared = M.prepare(mask, torch.arange(Lq), torch.arange(x.shape[1] if self_attn else Lk), batch=B)
+            got = ours(x, prepared) if self_attn else ours(x, prepared, context=key, value=value)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
 def test_cross_attention_matches_the_reference_with_positions_and_gqa():

@@ -24,7 +24,7 @@ from attnkit.backends.base import Rank, is_long, skippable_structure
 from attnkit.backends.block_plan import Piece, Plan, make_plan
 from attnkit.backends.relative import HeadGroup, describe, relative_groups
 from attnkit.backends.tiled import tiled_attention
-from attnkit.functional.reference import expand_kv
+from attnkit.functional.reference import expand_kv, propagate_nan_queries
 from attnkit.masks import MaskContext, MaskSpec
 from attnkit.masks.blocks import evaluate_on
 from attnkit.masks.dense import context_for
@@ -76,10 +76,12 @@ class BlockSparseBackend:
         mask, ctx = _mask_and_context(call)
         groups = relative_groups(call, mask)
         if groups is not None:  # offset-only mask and bias: table slices, no per-piece evaluation
-            return _run_relative(call, groups)
-        plans = make_plans(call, mask, ctx)
-        outs = [run_plan(call, plan, mask, ctx) for plan in plans]  # (R, H, Lq, Dv) each
-        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)  # (B, H, Lq, Dv)
+            out = _run_relative(call, groups)
+        else:
+            plans = make_plans(call, mask, ctx)
+            outs = [run_plan(call, plan, mask, ctx) for plan in plans]  # (R, H, Lq, Dv) each
+            out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)  # (B, H, Lq, Dv)
+        return propagate_nan_queries(out, call.q)  # SDPA's unmasked pieces give 0 for a NaN query
 
 
 def _run_relative(call: AttentionCall, groups: list[HeadGroup]) -> torch.Tensor:
@@ -239,4 +241,5 @@ def _piece_terms(call, piece, rows, heads, mask, ctx, q_map, kv_map) -> torch.Te
         allowed = evaluate_on(mask, ctx, rows, q_idx[None], kv_idx[None], heads=mask.heads)[0]  # (r|1, H|1, lq, lk)
         allowed = allowed if allowed.shape[1] == 1 else allowed[:, heads]
         bias = bias.masked_fill(~allowed, float("-inf"))
-    return bias
+    top = bias.amax(dim=-1, keepdim=True)  # (r|1, h|1, lq, 1): a row's constant offset, which softmax ignores
+    return bias - top.masked_fill(~torch.isfinite(top), 0.0)  # removed, so it can't eat the scores' precision

@@ -8,6 +8,7 @@ from __future__ import annotations
 from attnkit._hooks import OBSERVERS
 from attnkit._validation import build_call
 from attnkit.backends.registry import Explanation, explain_call, select
+from attnkit.functional.reference import empty_result
 
 
 def attention(q, k, v, mask=None, *, bias=None, scale=None, softcap=None, dropout_p=0.0,
@@ -27,11 +28,13 @@ def attention(q, k, v, mask=None, *, bias=None, scale=None, softcap=None, dropou
         return_weights: also return the probabilities ``(B, H, Lq, Lk)`` (before dropout).
 
     Returns:
-        ``(B, H, Lq, Dv)``, or ``(out, weights)``. Rows with no visible key give 0.
+        ``(B, H, Lq, Dv)``, or ``(out, weights)``. Rows with no visible key give 0; NaN inputs propagate to the
+        rows that read them. An empty call (B, H, Lq or Lk = 0) gives zeros of the right shape on every backend.
     """
     call = build_call(q, k, v, mask, bias=bias, scale=scale, softcap=softcap, dropout_p=dropout_p,
                       q_positions=q_positions, kv_positions=kv_positions, return_weights=return_weights)
-    result = select(call, backend)(call)
+    chosen = select(call, backend)  # (a forced backend still refuses what it can't serve)
+    result = empty_result(call) if call.is_empty else chosen(call)  # nothing to compute: no kernel runs
     if OBSERVERS:  # diagnostics capture; free when nobody listens
         for observe in list(OBSERVERS):
             observe(call, result)

@@ -24,6 +24,7 @@ import torch
 from attnkit._bias import StructuredBias
 from attnkit._validation import AttentionCall
 from attnkit.backends.base import Rank, is_long, skippable_structure
+from attnkit.functional.reference import propagate_nan_queries
 
 _STATE: dict = {"compiled": None, "cpu_compile": None}
 #: from this many keys (and ``MIN_QUERIES`` queries) skipping blocks of a structured mask or bias pays off
@@ -102,8 +103,9 @@ class FlexBackend:
         return how
 
     def __call__(self, call: AttentionCall) -> torch.Tensor:
-        return _compiled()(call.q, call.k, call.v, score_mod=score_mod_for(call), block_mask=block_mask_for(call),
-                           scale=call.scale, enable_gqa=call.num_kv_heads != call.num_heads)  # (B, H, Lq, Dv)
+        out = _compiled()(call.q, call.k, call.v, score_mod=score_mod_for(call), block_mask=block_mask_for(call),
+                          scale=call.scale, enable_gqa=call.num_kv_heads != call.num_heads)  # (B, H, Lq, Dv)
+        return propagate_nan_queries(out, call.q)  # flex's online softmax gives 0 for a NaN query
 
 
 def mask_mod_for(call: AttentionCall):

@@ -149,7 +149,9 @@ class OffsetTable:
                 allowed &= d >= d_lo
             if d_hi is not None:
                 allowed &= d <= d_hi
-            self._table = table.to(dtype).masked_fill(~allowed, float("-inf"))
+            table = table.to(dtype)
+            table = table - table.amax(dim=(1, 2), keepdim=True)  # a head's constant offset can't eat the scores' precision
+            self._table = table.masked_fill(~allowed, float("-inf"))
         return self._table
 
 

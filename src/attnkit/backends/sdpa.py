@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from attnkit._bias import StructuredBias
 from attnkit._validation import AttentionCall
 from attnkit.backends.base import Rank, skippable_structure
+from attnkit.functional.reference import propagate_nan_queries
 from attnkit.masks import Causal
 
 
@@ -71,7 +72,7 @@ class SDPABackend:
             attn_mask, empty_rows = call.prepared.dense_opened()  # built once per prepared mask
         if call.bias is not None:
             bias = call.bias.materialize(*call.positions()) if isinstance(call.bias, StructuredBias) else call.bias
-            bias = bias.to(call.q.dtype)
+            bias = bias.to(_bias_dtype(call.q))
             attn_mask = bias if attn_mask is None else bias.masked_fill(~attn_mask, float("-inf"))
         out = F.scaled_dot_product_attention(
             call.q, call.k, call.v, attn_mask=attn_mask, dropout_p=call.dropout_p, is_causal=is_causal,
@@ -79,4 +80,12 @@ class SDPABackend:
         )  # (B, H, Lq, Dv)
         if empty_rows is not None:
             out = out.masked_fill(empty_rows, 0.0)
-        return out
+        return propagate_nan_queries(out, call.q)  # without a mask tensor the CPU kernel gives 0 for a NaN query
+
+
+def _bias_dtype(q: torch.Tensor) -> torch.dtype:
+    """The dtype a float bias enters the kernel in: float32 (or float64) on CPU, whose kernel adds a float32 mask
+    to its float32 scores (a bias cast to bf16/fp16 loses ~1/256 of its magnitude: 7-190x the error of a
+    half-precision reference with a bias of magnitude 10-1000); q's dtype on other devices (CUDA's fused kernels
+    expect the mask in q's dtype; not measured here)."""
+    return torch.promote_types(q.dtype, torch.float32) if q.device.type == "cpu" else q.dtype

@@ -42,7 +42,9 @@ CUTOFF = 60.0
 CHUNK_ENTRIES = 1 << 22
 
 #: ``terms(piece, rows, heads) -> (r|1, h|1, lq, lk)``: the additive term of a piece for batch rows ``rows``
-#: and heads ``heads`` (slices), ``-inf`` where the mask forbids
+#: and heads ``heads`` (slices), ``-inf`` where the mask forbids. The kernel adds ``scale * q k^T`` onto it in
+#: float32, so a term must carry no large constant part (producers subtract each row's or head's maximum:
+#: softmax ignores it, and an offset of 10^4 would otherwise cost ~100x the scores' rounding error)
 Terms = Callable[[Piece, slice, slice], torch.Tensor]
 
 

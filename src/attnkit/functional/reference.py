@@ -8,8 +8,13 @@
     p      = dropout(p)                              # attention dropout: after softmax, before V
     out    = p @ v                                   # (B, H, Lq, Dv)
 
-Matmuls run in the inputs' dtype; for float16/bfloat16 the softmax runs in float32 (as every fused kernel
-does). Run it in float64 to get the golden answer.
+For float16/bfloat16 inputs ``q k^T`` is accumulated in float32 (products of two halves are exact there) and
+the scale, bias and softmax stay in float32, as every fused kernel does: large logits can't overflow float16
+before the scale. ``p @ v`` runs in the inputs' dtype. Run it in float64 to get the golden answer.
+
+NaN inputs propagate: a row whose query holds a NaN (or inf) is NaN, and so is a row that may attend a key
+or value holding one. Otherwise rows that see no key are 0, even where a masked key or value holds NaN. Calls with no query, no key or an empty batch give zeros of the right
+shape (:func:`empty_result`).
 
 Shape legend: B batch, H query heads, Hkv key/value heads, G = H // Hkv, Lq/Lk lengths, D/Dv head dims.
 """
@@ -41,11 +46,10 @@ def expand_kv(t: torch.Tensor, num_heads: int) -> torch.Tensor:
 
 def scores_of(call: AttentionCall) -> torch.Tensor:
     """Pre-softmax scores ``(B, H, Lq, Lk)`` in float32 (float64 for float64 inputs), masked entries -inf."""
-    k = expand_kv(call.k, call.num_heads)  # (B, H, Lk, D)
-    scores = call.q @ k.transpose(-2, -1)  # (B, H, Lq, Lk) in the inputs' dtype
-    if scores.dtype in (torch.float16, torch.bfloat16):
-        scores = scores.float()
-    scores = scores * call.scale
+    q, k = call.q, expand_kv(call.k, call.num_heads)  # (B, H, Lq, D), (B, H, Lk, D)
+    if q.dtype in (torch.float16, torch.bfloat16):  # accumulate in float32: fp16 q k^T overflows before the scale
+        q, k = q.float(), k.float()
+    scores = (q @ k.transpose(-2, -1)) * call.scale  # (B, H, Lq, Lk)
     if call.softcap is not None:
         scores = call.softcap * torch.tanh(scores / call.softcap)
     q_pos, kv_pos = call.positions()
@@ -61,12 +65,36 @@ def scores_of(call: AttentionCall) -> torch.Tensor:
 
 def reference_from_call(call: AttentionCall):
     """Run a validated call; returns ``out`` or ``(out, weights)``."""
-    probs = safe_softmax(scores_of(call))  # (B, H, Lq, Lk)
+    if call.is_empty:
+        return empty_result(call)
+    scores = scores_of(call)  # (B, H, Lq, Lk)
+    probs = safe_softmax(scores)
     dropped = F.dropout(probs, p=call.dropout_p) if call.dropout_p > 0 else probs
     out = dropped.to(call.v.dtype) @ expand_kv(call.v, call.num_heads)  # (B, H, Lq, Dv)
+    # rows that see no key are 0, even where a value they can't see holds NaN (0 * NaN); a bad query is NaN
+    out = propagate_nan_queries(out.masked_fill(torch.isneginf(scores).all(dim=-1, keepdim=True), 0.0), call.q)
     if call.return_weights:
         return out, probs.to(call.q.dtype)
     return out
+
+
+def propagate_nan_queries(out: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``out (B, H, Lq, Dv)`` with NaN in the rows whose query ``q (B, H, Lq, D)`` holds a NaN or an inf.
+
+    Every backend ends with it: fused kernels' online softmax turns such a row into zeros (SDPA's CPU kernel
+    without a mask tensor, flex), and a zero row would hide the bad input. It applies to rows that see no key
+    too, so that the rule doesn't depend on which kernel knows where the empty rows are."""
+    bad = ~torch.isfinite(q).all(dim=-1, keepdim=True)  # (B, H, Lq, 1)
+    return out.masked_fill(bad, float("nan"))
+
+
+def empty_result(call: AttentionCall):
+    """The result of a call with no batch row, head, query or key: ``(B, H, Lq, Dv)`` zeros (empty unless only
+    Lk = 0), and the ``(B, H, Lq, Lk)`` weights when asked; built from q, k, v so backward gives zero gradients."""
+    k, v = (expand_kv(t, call.num_heads) for t in (call.k, call.v))  # (B, H, Lk, D|Dv)
+    probs = (call.q @ k.transpose(-2, -1)) * 0  # (B, H, Lq, Lk): no entry (one of the dims is 0)
+    out = probs @ v  # (B, H, Lq, Dv): a product over Lk = 0 keys is 0
+    return (out, probs) if call.return_weights else out
 
 
 def reference_attention(q, k, v, mask=None, *, bias=None, scale=None, softcap=None, dropout_p=0.0,

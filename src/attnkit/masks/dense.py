@@ -33,7 +33,7 @@ def _as_positions(value: torch.Tensor | int, name: str) -> torch.Tensor | int:
         if value.dtype.is_floating_point or value.dtype == torch.bool or value.dim() not in (1, 2):
             raise AttnkitValueError(f"{name} must be an integer tensor of shape (L,) or (B, L), got {describe(value)}; "
                                     "pass absolute token positions, e.g. torch.arange(L).")
-        return value.long().reshape(-1, value.shape[-1])  # (B|1, L)
+        return value.long().reshape(value.shape[0] if value.dim() == 2 else 1, value.shape[-1])  # (B|1, L)
     if value < 0:
         raise AttnkitValueError(f"{name} as a length must be >= 0, got {value}.")
     return value

@@ -7,8 +7,10 @@ builds each block from the :class:`~attnkit.models.config.LMConfig` (the seriali
 
 Masks, built once per forward and shared by every layer with the same pattern: the layer's pattern (causal,
 or the block's own ``mask`` such as a sliding window) ``& document(doc_ids)`` for packed rows ``&
-padding(key_is_real)`` for padded batches. Packed rows keep the structured document mask, so the backends can
-skip the blocks between documents.
+padding(key_is_real)`` for padded batches. Without a cache it is prepared once (:func:`attnkit.masks.prepare`:
+bound to the positions, its dense form, block cover and backend plans built at most once for all the layers
+that share it). Packed rows keep the structured document mask, so the backends can skip the blocks between
+documents.
 
 Init (GPT-2): every Linear and Embedding from normal(0, ``init_std``), biases zero, and the projections that
 write into the residual stream (attention ``out_proj``, MLP ``down``) from normal(0, init_std / sqrt(2 n_layers)).
@@ -150,15 +152,19 @@ class TransformerLM(nn.Module):
             raise AttnkitValueError(f"cache has {len(cache)} entries but the model has {len(self.blocks)} layers; "
                                     "build it with model.new_cache(batch_size).")
         x = self.embed_tokens(tokens, positions, token_types)  # (B, L, E)
+        B, L = tokens.shape
         shared: dict[tuple, object] = {}  # one mask per (pattern, layer kind) for the whole forward
 
         def layer_mask(i: int, block: nn.Module):
             # linear-attention layers read padding by key index (their state has no slots to reorder)
-            by_index = isinstance(block.attn, LinearAttention) and cache is not None
-            key = (id(self.pattern(i)), by_index)
+            linear = isinstance(block.attn, LinearAttention)
+            key = (id(self.pattern(i)), linear)
             if key not in shared:
-                shared[key] = self.mask(doc_ids=doc_ids, key_is_real=key_is_real, positions=positions,
-                                        cached=cache is not None and not by_index, layer=i)
+                mask = self.mask(doc_ids=doc_ids, key_is_real=key_is_real, positions=positions,
+                                 cached=cache is not None and not linear, layer=i)
+                if cache is None and not linear:  # bound once to this forward's positions, shared by the layers
+                    mask = masks.prepare(mask, L if positions is None else positions, batch=B)
+                shared[key] = mask
             return shared[key]
 
         for i, block in enumerate(self.blocks):

@@ -18,7 +18,7 @@ from attnkit._checks import positive_int
 from attnkit._validation import check_positions
 from attnkit.backends import attention, get
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, BackendUnsupportedError, describe
-from attnkit.masks import MaskSpec
+from attnkit.masks import MaskSpec, PreparedMask
 from attnkit.positions import ALiBi, RoPE
 
 
@@ -222,7 +222,9 @@ class MultiHeadAttention(nn.Module):
         """torch's ``add_bias_kv`` / ``add_zero_attn``: append keys every query sees; the mask becomes dense."""
         B, Hkv, Lk, D = k.shape
         if mask is not None:
-            if isinstance(mask, MaskSpec):
+            if isinstance(mask, PreparedMask):
+                mask = mask.dense()  # (B|1, H|1, L, Lk), bound to its own positions
+            elif isinstance(mask, MaskSpec):
                 mask = mask.to_dense(L if q_positions is None else q_positions,
                                      Lk if kv_positions is None else kv_positions, batch=B)  # (B|1, H|1, L, Lk)
             mask = mask.expand(*mask.shape[:-2], L, Lk) if mask.dim() >= 2 else mask
