@@ -233,8 +233,8 @@ def test_foreign_mask_object_is_a_type_error():
 
 
 def test_user_4d_masks_bool_and_float():
-    from attnkit.integrations.hf import attention_forward
     from attnkit.functional.reference import reference_attention
+    from attnkit.integrations.hf import attention_forward
 
     q, k, v = (torch.randn(2, 4, 5, 8, dtype=torch.float64) for _ in range(3))
     allowed = torch.rand(2, 1, 5, 5) > 0.3

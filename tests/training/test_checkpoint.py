@@ -78,7 +78,7 @@ def test_atomic_write_leaves_no_partial_folder_and_keeps_the_newest(tmp_path, mo
     (lambda d: (d / "state.json").write_text((d / "state.json").read_text()[:50]), "state.json is truncated"),
     (lambda d: (d / "state.json").unlink(), "has no state.json"),
     (lambda d: (d / "model.safetensors").unlink(), "is missing model.safetensors"),
-    (lambda d: (d / "state.json").write_text(json.dumps({"format": "other"})), "is not an attnkit-checkpoint-1"),
+    (lambda d: (d / "state.json").write_text(json.dumps({"format": "other"})), "is not an attnkit-checkpoint-2"),
 ])
 def test_corrupt_checkpoint_gives_a_clear_error_naming_the_previous_one(tmp_path, damage, match):
     model, opt = _trained(1)

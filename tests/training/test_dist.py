@@ -25,7 +25,7 @@ def test_two_process_ddp_equals_one_process(tmp_path):
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     ddp = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                           "-m", "attnkit.cli.main", *cli_args(two, *ARGS)], env=env, capture_output=True, text=True,
-                         timeout=120)
+                         timeout=300)  # minutes under a loaded full suite; no timing is asserted
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     assert "world 2" in ddp.stdout
     losses_one = [r["loss"] for r in read_metrics(one / "metrics.jsonl")]

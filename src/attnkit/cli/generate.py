@@ -34,6 +34,7 @@ def run(args) -> int:
     model = load_model(args.checkpoint, args.device)
     tok = run_tokenizer(args.checkpoint) or ByteTokenizer()  # a converted run speaks its model's tokens
     prompts = [tok.encode(p) for p in args.prompt]
+    check_length(model, prompts, args.max_new_tokens)
     kwargs = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_k": args.top_k,
               "top_p": args.top_p, "seed": args.seed, "stop_tokens": () if tok.EOS is None else (tok.EOS,),
               "cache": args.cache}
@@ -56,3 +57,17 @@ def run(args) -> int:
         if len(outputs) > 1:
             print("-" * 40)
     return 0
+
+
+def check_length(model, prompts, max_new_tokens: int) -> None:
+    """Refuse up front (not after printing half the text) a prompt + new tokens beyond the positions the model
+    has: learned position embeddings hold ``max_positions`` positions."""
+    from attnkit.errors import AttnkitValueError
+
+    limit = getattr(getattr(model, "pos_embed", None), "max_positions", None)
+    longest = max(len(p) for p in prompts)
+    if isinstance(limit, int) and isinstance(max_new_tokens, int) and longest + max_new_tokens > limit:
+        raise AttnkitValueError(
+            f"--max-new-tokens {max_new_tokens} with a prompt of {longest} tokens needs {longest + max_new_tokens} "
+            f"positions, but the model's learned positions hold {limit}; pass --max-new-tokens "
+            f"{max(limit - longest, 0)} or less.")

@@ -48,9 +48,55 @@ def hf_tiny(name: str):
     return getattr(tf, model_cls)(getattr(tf, config_cls)(**kwargs)).eval()
 
 
+class RemoteCodeRefused(AttnkitValueError):
+    """A Hugging Face folder whose config asks to run its own Python code (``auto_map``): never executed."""
+
+
+def is_attnkit_run(path: Path) -> bool:
+    """An attnkit run folder (``checkpoints/``, or the ``config.json`` the trainer writes) or checkpoint folder."""
+    if (path / "state.json").is_file() or (path / "checkpoints").is_dir():
+        return True
+    config = _read_json(path / "config.json")
+    return isinstance(config, dict) and {"train", "model"} <= set(config) and "model_type" not in config
+
+
+def _read_json(path: Path):
+    import json
+
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+
+
+def load_hf_folder(path: Path, *, encoder: bool = False):
+    """``(model, fresh)`` for a Hugging Face folder, never running its code: ``trust_remote_code=False`` and
+    a config with ``auto_map`` (custom modelling code in the folder) is refused with :class:`RemoteCodeRefused`."""
+    from attnkit.diagnostics.subjects import HF_ENCODER_TYPES
+
+    raw = _read_json(path / "config.json")
+    if not isinstance(raw, dict):
+        raise AttnkitValueError(f"{str(path / 'config.json')!r} is not a JSON object; a Hugging Face folder needs a "
+                                "config.json written by save_pretrained.")
+    if raw.get("auto_map"):
+        raise RemoteCodeRefused(
+            f"{str(path)!r} is a Hugging Face model with custom code (config.json has auto_map "
+            f"{sorted(raw['auto_map'])}); attnkit never runs a model folder's Python code. Examine it from your own "
+            "Python session after reviewing the code: ak.doctor.examine(model).")
+    tf = _transformers()
+    config = tf.AutoConfig.from_pretrained(path, trust_remote_code=False, local_files_only=True)
+    auto = tf.AutoModelForMaskedLM if encoder or config.model_type in HF_ENCODER_TYPES else tf.AutoModelForCausalLM
+    if any(path.glob("*.safetensors")) or any(path.glob("*.bin")):
+        return auto.from_pretrained(path, trust_remote_code=False, local_files_only=True).eval(), None
+    return auto.from_config(config, trust_remote_code=False).eval(), True
+
+
 def load_target(target: str, *, encoder: bool = False):
     """``(model, fresh)`` for a target string (see the module table); ``fresh`` is True for new weights,
-    False for a trained checkpoint, None when unknown."""
+    False for a trained checkpoint, None when unknown. An attnkit run folder is recognised before a Hugging Face
+    folder (the trainer writes a ``config.json`` too)."""
     from attnkit.models.builders import PRESETS, build_encoder, build_lm
 
     if target in PRESETS:
@@ -60,19 +106,12 @@ def load_target(target: str, *, encoder: bool = False):
     path = Path(target)
     if path.is_file() and path.name == "config.json":
         path = path.parent
-    if path.is_dir() and ((path / "state.json").is_file() or (path / "checkpoints").is_dir()):
+    if path.is_dir() and is_attnkit_run(path):
         from attnkit.training.loop import load_model
 
-        return load_model(path).eval(), False  # before the HF case: a run folder has a config.json of its own
+        return load_model(path).eval(), False
     if (path / "config.json").is_file():
-        from attnkit.diagnostics.subjects import HF_ENCODER_TYPES
-
-        tf = _transformers()
-        config = tf.AutoConfig.from_pretrained(path)
-        auto = tf.AutoModelForMaskedLM if encoder or config.model_type in HF_ENCODER_TYPES else tf.AutoModelForCausalLM
-        if any(path.glob("*.safetensors")) or any(path.glob("*.bin")):
-            return auto.from_pretrained(path).eval(), None
-        return auto.from_config(config).eval(), True
+        return load_hf_folder(path, encoder=encoder)
     raise AttnkitValueError(
         f"doctor target {target!r} is not a preset ({sorted(PRESETS)}), a small Hugging Face config "
         f"({sorted(HF_TINY)}), an attnkit run/checkpoint folder, or a Hugging Face folder with config.json; "

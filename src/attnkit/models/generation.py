@@ -112,6 +112,11 @@ def _check_args(model, prompts, max_new_tokens, temperature, top_k, top_p, stop_
                                 f"{describe(prompts)}; e.g. [[1, 2, 3]] (give every prompt at least one token).")
     if any(isinstance(t, bool) or not isinstance(t, int) or t < 0 for p in prompts for t in p):
         raise AttnkitValueError(f"prompts must contain non-negative int token ids, got {describe(prompts)}.")
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    if isinstance(vocab, int) and max(t for p in prompts for t in p) >= vocab:
+        raise AttnkitValueError(f"prompts contain token id {max(t for p in prompts for t in p)}, but the model's "
+                                f"vocabulary has {vocab} ids (0 .. {vocab - 1}); encode the prompt with the model's "
+                                "own tokenizer.")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise AttnkitValueError(f"max_new_tokens must be an int >= 0, got {describe(max_new_tokens)}.")
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature) \

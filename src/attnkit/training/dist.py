@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from attnkit.errors import AttnkitValueError
+from attnkit.errors import AttnkitValueError, EnvironmentUnsupportedError
 
 
 @dataclass(frozen=True)
@@ -32,10 +32,26 @@ class DistContext:
 
 
 def pick_device(name: str) -> torch.device:
-    """``"auto"`` = CUDA when present, else CPU; any other name as given (checked at run time, not import)."""
+    """``"auto"`` = CUDA when present, else CPU; any other name as given, checked here (at run time, not import):
+    a device this machine lacks is a typed error before anything is written."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError) as exc:
+        raise AttnkitValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {name!r}.") from exc
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise EnvironmentUnsupportedError(
+                f"--device {name}: CUDA is not available here (torch {torch.__version__}, "
+                f"{'built without CUDA' if torch.version.cuda is None else 'no GPU visible'}); use --device cpu or "
+                "--device auto.")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise EnvironmentUnsupportedError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA "
+                                              f"device(s) (cuda:0 .. cuda:{torch.cuda.device_count() - 1}).")
+    elif device.type not in ("cpu", "mps", "xpu"):
+        raise AttnkitValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {name!r}.")
+    return device
 
 
 def init(device_name: str = "auto") -> DistContext:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -20,20 +21,45 @@ def read_metrics(path: str | Path) -> list[dict]:
 
 
 class MetricsWriter:
-    """Append records to ``metrics.jsonl``; on resume keep only records up to the resumed step."""
+    """Append records to ``metrics.jsonl``; on resume keep only records up to the resumed step.
+
+    :meth:`fingerprint` (the record count and a SHA-256 of the lines written so far) goes into every
+    checkpoint, so a resume notices a history that was cut or edited (:meth:`verify`).
+    """
 
     def __init__(self, path: str | Path, *, resume_step: int | None = None):
         self.path = Path(path)
+        self._hash, self._count = hashlib.sha256(), 0
+        kept = []
         if resume_step is not None:
             kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
-            self.path.write_text("".join(json.dumps(r) + "\n" for r in kept))
-        elif self.path.exists():
+        if self.path.exists() or self.path.is_symlink():
             self.path.unlink()
         self._file = open(self.path, "a")  # noqa: SIM115 - open for the whole run, closed by close()
+        for record in kept:
+            self.write(record)
 
     def write(self, record: dict) -> None:
-        self._file.write(json.dumps(record) + "\n")
+        line = json.dumps(record) + "\n"
+        self._file.write(line)
         self._file.flush()
+        self._hash.update(line.encode())
+        self._count += 1
+
+    def fingerprint(self) -> dict:
+        return {"records": self._count, "sha256": self._hash.hexdigest()}
+
+    def verify(self, expected: dict | None) -> str | None:
+        """None when the kept history matches a checkpoint's fingerprint, else what is wrong (for a warning)."""
+        if not expected:
+            return None
+        got = self.fingerprint()
+        if got["records"] < expected["records"]:
+            return (f"has {got['records']} records up to this checkpoint, the checkpoint recorded {expected['records']}: "
+                    f"{expected['records'] - got['records']} were lost (the file was cut or replaced)")
+        if got != expected:
+            return "differs from the history this checkpoint recorded (the file was edited)"
+        return None
 
     def close(self) -> None:
         self._file.close()

@@ -1,0 +1,144 @@
+"""Run folders: one run at a time, nothing of an old run lost before the new one has something to show.
+
+- :class:`RunFolder` takes an exclusive ``fcntl`` lock on ``RUN/.attnkit.lock`` for the whole run: a second run
+  or a ``--resume`` on a folder that is still training is refused with :class:`RunInUseError`.
+- A folder that holds files but is not an attnkit run (a Hugging Face model folder, say) is refused unless
+  ``overwrite``; so is a run with checkpoints.
+- ``overwrite`` moves what the trainer would replace aside into ``RUN/.replaced/`` and deletes it only once
+  the new run has written its first checkpoint (:meth:`RunFolder.committed`); a failure before that restores
+  it, and so does the next start if the process was killed.
+- Temporary folders of interrupted checkpoint writes are removed once the lock is held.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import shutil
+from pathlib import Path
+
+from attnkit.errors import AttnkitValueError, EnvironmentUnsupportedError
+from attnkit.training import checkpoint as ckpt
+
+LOCK = ".attnkit.lock"
+ASIDE = ".replaced"
+OUTPUTS = ("checkpoints", "config.json", "metrics.jsonl", "loss.png")  # what a run writes into its folder
+
+
+class RunInUseError(EnvironmentUnsupportedError):
+    """Another process is training in this run folder."""
+
+
+class RunFolderError(AttnkitValueError):
+    """The run folder holds something a new run would destroy."""
+
+
+def is_attnkit_run(path: Path) -> bool:
+    """The folder holds an attnkit run: checkpoints, or the config.json the trainer writes (with a run_id)."""
+    return bool(ckpt.list_checkpoints(path)) or ckpt.run_identity(path) is not None
+
+
+class RunFolder:
+    """The lock and the replace-only-after-success bookkeeping of one run folder (rank 0 only)."""
+
+    def __init__(self, path: str | Path, *, log=print):
+        self.path, self.log, self._fd, self._aside = Path(path), log, None, None
+
+    # ---------------------------------------------------------------------------------------------- lock
+    def acquire(self) -> RunFolder:
+        """Create the folder if needed and take the exclusive lock (non-blocking: refuse when taken)."""
+        import fcntl
+
+        if self.path.exists() and not self.path.is_dir():
+            raise RunFolderError(f"run_dir {str(self.path)!r} is a file, not a folder; pick another --run-dir.")
+        self.path.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                holder = (self.path / LOCK).read_text().strip() or "another process"
+                raise RunInUseError(f"run folder {str(self.path)!r} is in use by {holder} (it is still training); wait "
+                                    "for it to finish or stop it, or pick another --run-dir.") from exc
+            raise
+        os.ftruncate(fd, 0)
+        os.write(fd, f"pid {os.getpid()}\n".encode())
+        self._fd = fd
+        self._recover()
+        removed = ckpt.clean_temporary(self.path)
+        if removed:
+            self.log(f"removed {len(removed)} unfinished checkpoint write(s) left by a killed run: "
+                     + ", ".join(p.name for p in removed))
+        return self
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing the descriptor drops the flock
+            self._fd = None
+
+    # ---------------------------------------------------------------------------------------------- replace
+    def check_fresh(self, overwrite: bool) -> None:
+        """Refuse to start a new run where it would destroy something, unless ``overwrite``."""
+        if ckpt.list_checkpoints(self.path):
+            if not overwrite:
+                raise RunFolderError(
+                    f"run_dir {str(self.path)!r} already holds checkpoints; continue it with --resume {self.path}, "
+                    "pick another --run-dir, or pass --overwrite to start it afresh (the old run is kept until the "
+                    "new one has written its first checkpoint).")
+            return
+        others = sorted(p.name for p in self.path.iterdir() if p.name not in (LOCK, ASIDE))
+        if others and not is_attnkit_run(self.path) and not overwrite:
+            raise RunFolderError(
+                f"run_dir {str(self.path)!r} is not empty and is not an attnkit run (it holds {others[:5]}); a new run "
+                f"would replace {[n for n in OUTPUTS if n in others] or 'nothing but would mix its files in'}: pick an "
+                "empty or new --run-dir, or pass --overwrite.")
+
+    def set_aside(self) -> None:
+        """Move the outputs an old run left into ``.replaced/`` (restored if the new run fails early)."""
+        present = [n for n in OUTPUTS if (self.path / n).exists() or (self.path / n).is_symlink()]
+        if not present:
+            return
+        aside = self.path / ASIDE
+        aside.mkdir()
+        for name in present:
+            os.replace(self.path / name, aside / name)
+        self._aside = aside
+        self.log(f"--overwrite: the previous run's {', '.join(present)} moved to {aside} until the new run's first "
+                 "checkpoint")
+
+    def committed(self) -> None:
+        """The new run has a checkpoint: the replaced run can go."""
+        if self._aside is not None:
+            shutil.rmtree(self._aside, ignore_errors=True)
+            self._aside = None
+
+    def abandon(self) -> None:
+        """The new run failed before its first checkpoint: put the replaced run back."""
+        if self._aside is None:
+            return
+        self._restore(self._aside)
+        self._aside = None
+        self.log(f"the previous run in {self.path} was restored (the new run failed before its first checkpoint)")
+
+    def _restore(self, aside: Path) -> None:
+        for name in OUTPUTS:
+            target = self.path / name
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            elif target.exists() or target.is_symlink():
+                target.unlink()
+        for item in aside.iterdir():
+            os.replace(item, self.path / item.name)
+        aside.rmdir()
+
+    def _recover(self) -> None:
+        """A killed ``--overwrite`` run left ``.replaced/``: keep the new run if it checkpointed, else restore."""
+        aside = self.path / ASIDE
+        if not aside.is_dir():
+            return
+        if ckpt.list_checkpoints(self.path):
+            shutil.rmtree(aside, ignore_errors=True)
+        else:
+            self._restore(aside)
+            self.log(f"restored the run that an interrupted --overwrite had set aside in {aside}")

@@ -1,0 +1,96 @@
+"""The doctor's targets: a run folder the trainer really wrote, and Hugging Face folders whose code never runs."""
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from attnkit.cli.main import main
+from attnkit.diagnostics.targets import RemoteCodeRefused, load_target
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
+from train_helpers import small_config  # noqa: E402
+
+from attnkit.training.loop import train  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        run = tmp_path_factory.mktemp("doctor") / "demo"
+        train(small_config(run, steps=4, ckpt_every=4), log=lambda *a, **k: None)
+    finally:
+        torch.set_num_threads(threads)
+    return run
+
+
+def test_doctor_on_a_run_folder_the_trainer_wrote(trained_run, capsys):
+    """issue 11 defect 4: the trainer's config.json made the loader take the run for a Hugging Face folder."""
+    assert (trained_run / "config.json").is_file() and (trained_run / "checkpoints").is_dir()
+    model, fresh = load_target(str(trained_run))
+    assert fresh is False and type(model).__name__ == "TransformerLM"
+    assert main(["doctor", str(trained_run), "--checks", "causal-leak", "kv-cache"]) == 0
+    out = capsys.readouterr().out
+    assert "PASS  causal-leak" in out and "PASS  kv-cache" in out
+    assert load_target(str(trained_run / "config.json"))[1] is False  # the config file itself names the run too
+
+
+def test_run_folder_before_its_first_checkpoint_says_so(tmp_path, trained_run):
+    run = tmp_path / "starting"
+    run.mkdir()
+    (run / "config.json").write_text((trained_run / "config.json").read_text())
+    assert main(["doctor", str(run)]) == 2  # a typed CheckpointError, not a transformers traceback
+
+
+def _remote_code_folder(root: Path) -> tuple[Path, Path]:
+    transformers = pytest.importorskip("transformers")
+    folder, marker = root / "evil", root / "code-ran.txt"
+    transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=32).save_pretrained(folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {"AutoConfig": "evil.EvilConfig", "AutoModelForCausalLM": "evil.EvilModel"}
+    (folder / "config.json").write_text(json.dumps(config))
+    (folder / "evil.py").write_text(f"open({str(marker)!r}, 'w').write('ran')\n"
+                                    "from transformers import GPT2Config as EvilConfig, GPT2LMHeadModel as EvilModel\n")
+    return folder, marker
+
+
+def test_auto_map_model_is_refused_and_its_code_never_runs(tmp_path, capsys, monkeypatch):
+    """issue 16 item 19: a folder with custom code is refused (even answering "y" to any prompt)."""
+    folder, marker = _remote_code_folder(tmp_path)
+    monkeypatch.setattr("builtins.input", lambda *a, **k: "y")
+    with pytest.raises(RemoteCodeRefused, match=r"custom code \(config.json has auto_map \['AutoConfig', "
+                                                r"'AutoModelForCausalLM'\]\); attnkit never runs"):
+        load_target(str(folder))
+    assert main(["doctor", str(folder)]) == 2
+    assert "never runs a model folder's Python code" in capsys.readouterr().err
+    assert not marker.exists()
+
+
+def test_hugging_face_folders_load_with_trust_remote_code_false(tmp_path, monkeypatch):
+    transformers = pytest.importorskip("transformers")
+    folder = tmp_path / "hf"
+    config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=32)
+    transformers.GPT2LMHeadModel(config).save_pretrained(folder)
+    seen = []
+    for cls in (transformers.AutoConfig, transformers.AutoModelForCausalLM):
+        original = cls.from_pretrained.__func__
+
+        def spy(klass, *args, _original=original, **kwargs):
+            seen.append((klass.__name__, kwargs.get("trust_remote_code")))
+            return _original(klass, *args, **kwargs)
+
+        monkeypatch.setattr(cls, "from_pretrained", classmethod(spy))
+    model, fresh = load_target(str(folder))
+    assert fresh is None and type(model).__name__ == "GPT2LMHeadModel"
+    assert ("AutoModelForCausalLM", False) in seen and all(flag is False for _, flag in seen), seen
+
+
+def test_a_config_that_is_not_json_is_a_typed_error(tmp_path):
+    (tmp_path / "config.json").write_text("[1, 2")
+    with pytest.raises(ValueError, match="config.json' is not a JSON object; a Hugging Face folder needs"):
+        load_target(str(tmp_path))

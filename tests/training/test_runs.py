@@ -1,0 +1,300 @@
+"""Run folders and training flags (issue 16 items 9, 12, 15, 17, 18, 23, 25): nothing of an old run is lost
+before the new one has a checkpoint, one run per folder, no folder silently taken over, resume says what it
+ignores and can extend a run, --init-from fine-tunes, changed data is noticed, mistakes are typed errors (exit 2
+on the command line), a NaN loss never reaches a checkpoint."""
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+from train_helpers import CORPUS, cli_args, run_cli, small_config
+
+from attnkit.cli.main import main
+from attnkit.errors import AttnkitValueError, EnvironmentUnsupportedError
+from attnkit.training import checkpoint as ckpt
+from attnkit.training import loop
+from attnkit.training.loop import TrainConfig, TrainingDiverged, train, verdict
+from attnkit.training.metrics import read_metrics
+from attnkit.training.runs import RunFolder, RunFolderError, RunInUseError
+
+
+def _quiet(*args, **kwargs):
+    pass
+
+
+# ------------------------------------------------------------------------------------------ flags (item 9)
+
+@pytest.mark.parametrize(("changes", "match"), [
+    ({"clip": -1.0}, r"clip must be the maximum gradient norm, e.g. 1.0; pass inf to turn clipping off .*clip=-1.0"),
+    ({"clip": 0.0}, r"clip must be .*got clip=0.0"),
+    ({"clip": float("nan")}, r"got clip=nan"),
+    ({"weight_decay": -1.0}, r"weight_decay must be a decay >= 0.*got weight_decay=-1.0"),
+    ({"seq_len": 0}, r"seq_len must be an int >= 2 \(tokens per row\), got 0"),
+    ({"seq_len": 1}, r"seq_len must be an int >= 2"),
+    ({"lr": 0.0}, r"lr must be a positive learning rate.*got lr=0.0"),
+    ({"lr": float("inf")}, r"got lr=inf"),
+    ({"warmup": -3}, r"warmup must be an int >= 0"),
+    ({"keep": 0}, r"keep must be a positive int, got 0"),
+    ({"min_lr_ratio": 1.5}, r"min_lr_ratio must be a share of lr in \[0, 1\]"),
+    ({"val_fraction": 1.0}, r"val_fraction must be a share of the data in \(0, 1\)"),
+    ({"betas": (0.9, 1.0)}, r"betas must be two numbers in \[0, 1\)"),
+])
+def test_flags_that_can_only_be_mistakes_are_typed_errors(changes, match):
+    with pytest.raises(AttnkitValueError, match=match):
+        TrainConfig(**changes)
+
+
+def test_clip_inf_turns_clipping_off():
+    assert TrainConfig(clip=math.inf).clip == math.inf
+
+
+@pytest.mark.parametrize(("flags", "words"), [
+    (["--clip", "-1"], "clip must be"), (["--clip", "0"], "clip must be"),
+    (["--weight-decay", "-1"], "weight_decay must be"), (["--seq-len", "0"], "seq_len must be an int >= 2"),
+])
+def test_cli_flag_mistakes_exit_2_with_the_message_alone(tmp_path, flags, words):
+    out = run_cli(cli_args(tmp_path / "run", "--steps", "2", *flags))
+    assert out.returncode == 2, out.stderr
+    assert words in out.stderr and "Traceback" not in out.stderr
+    assert not (tmp_path / "run").exists()  # nothing written
+
+
+def test_device_cuda_without_cuda_is_a_typed_error_and_writes_nothing(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA: the refusal is for machines without it")
+    with pytest.raises(EnvironmentUnsupportedError, match=r"--device cuda: CUDA is not available here .*--device cpu"):
+        train(small_config(tmp_path / "run", device="cuda"), log=_quiet)
+    assert not (tmp_path / "run").exists()
+    assert main(["train", "--run-dir", str(tmp_path / "cli"), "--device", "cuda", "--steps", "2"]) == 2
+    assert not (tmp_path / "cli").exists()
+    with pytest.raises(AttnkitValueError, match="device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'gpu'"):
+        train(small_config(tmp_path / "run", device="gpu"), log=_quiet)
+
+
+# ------------------------------------------------------------------------------------------ NaN (item 9)
+
+def test_a_nan_loss_stops_the_run_and_the_last_finite_checkpoint_stays_newest(tmp_path, monkeypatch):
+    calls = [0]
+    real = loop.lm_loss
+
+    def poisoned(model, batch, precision, device):
+        calls[0] += 1
+        loss = real(model, batch, precision, device)
+        return loss * float("nan") if calls[0] == 7 else loss  # step 7's loss (training calls only)
+
+    monkeypatch.setattr(loop, "lm_loss", poisoned)
+    with pytest.raises(TrainingDiverged, match=r"training stopped at step 7: the loss is nan .*nothing was saved for "
+                                               r"this step, the newest checkpoint .*step_00000006 is the last finite"):
+        train(small_config(tmp_path, steps=12, ckpt_every=3, eval_every=100), log=_quiet)
+    newest = ckpt.resolve(tmp_path)
+    assert newest.name == "step_00000006"
+    weights = ckpt.load_file(str(newest / "model.safetensors"))
+    assert all(torch.isfinite(t).all() for t in weights.values())
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")][-1] == 6
+
+
+# ------------------------------------------------------------------------------------------ run folders
+
+def test_overwrite_with_a_bad_argument_keeps_the_old_run(tmp_path):
+    """item 12: a typo in --data destroyed the previous run before the arguments were checked."""
+    run = tmp_path / "run"
+    train(small_config(run, steps=4, ckpt_every=4), log=_quiet)
+    before = sorted(p.name for p in run.rglob("*"))
+    with pytest.raises(AttnkitValueError, match="is neither a file nor a folder"):
+        train(small_config(run, steps=4, overwrite=True, data=str(tmp_path / "typo")), log=_quiet)
+    assert sorted(p.name for p in run.rglob("*")) == before
+
+
+def test_overwrite_failing_before_its_first_checkpoint_restores_the_old_run(tmp_path, monkeypatch):
+    run = tmp_path / "run"
+    train(small_config(run, steps=4, ckpt_every=4), log=_quiet)
+    old_config = (run / "config.json").read_text()
+    old_weights = (ckpt.resolve(run) / "model.safetensors").read_bytes()
+    monkeypatch.setattr(loop.Trainer, "save", lambda self: (_ for _ in ()).throw(OSError("disk full")))
+    with pytest.raises(OSError, match="disk full"):
+        train(small_config(run, steps=4, ckpt_every=2, overwrite=True, seed=5), log=_quiet)
+    assert (run / "config.json").read_text() == old_config
+    assert (ckpt.resolve(run) / "model.safetensors").read_bytes() == old_weights
+    assert not (run / ".replaced").exists()
+
+
+def test_overwrite_killed_before_its_first_checkpoint_is_undone_on_the_next_start(tmp_path):
+    run = tmp_path / "run"
+    train(small_config(run, steps=4, ckpt_every=4), log=_quiet)
+    old = ckpt.resolve(run).name
+    aside = run / ".replaced"  # what a SIGKILL right after set_aside leaves
+    aside.mkdir()
+    for name in ("checkpoints", "config.json", "metrics.jsonl"):
+        shutil.move(str(run / name), aside / name)
+    (run / "config.json").write_text('{"partial": true}')
+    RunFolder(run, log=_quiet).acquire().release()
+    assert ckpt.resolve(run).name == old and not aside.exists() and "run_id" in (run / "config.json").read_text()
+
+
+def test_overwrite_replaces_the_old_run_once_the_new_one_checkpointed(tmp_path):
+    run = tmp_path / "run"
+    train(small_config(run, steps=8, ckpt_every=4), log=_quiet)
+    old_id = ckpt.run_identity(run)
+    train(small_config(run, steps=4, ckpt_every=2, overwrite=True), log=_quiet)
+    assert [p.name for p in ckpt.list_checkpoints(run)] == ["step_00000002", "step_00000004"]
+    assert ckpt.run_identity(run) != old_id and not (run / ".replaced").exists()
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2, 3, 4]
+
+
+def test_a_second_run_in_a_folder_still_training_is_refused(tmp_path):
+    """item 15: two runs in one folder both exited 0 and mixed their files."""
+    run = tmp_path / "run"
+    train(small_config(run, steps=4, ckpt_every=4), log=_quiet)
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+        "fcntl.flock(fd, fcntl.LOCK_EX); os.ftruncate(fd, 0); os.write(fd, b'pid 4242'); "
+        "print('locked', flush=True); time.sleep(60)"),
+        str(run / ".attnkit.lock")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with pytest.raises(RunInUseError, match=r"is in use by pid 4242 \(it is still training\)"):
+            train(small_config(run, steps=8), resume=run, given={"steps"}, log=_quiet)
+        with pytest.raises(RunInUseError, match="is in use"):
+            train(small_config(run, steps=4, overwrite=True), log=_quiet)
+        out = run_cli(cli_args(run, "--resume", str(run), "--steps", "8"))
+        assert out.returncode == 2 and "is in use by" in out.stderr and "Traceback" not in out.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2, 3, 4]  # untouched
+
+
+def test_a_non_empty_folder_that_is_not_a_run_is_refused_unless_overwrite(tmp_path):
+    """item 17: a Hugging Face folder's config.json was silently replaced."""
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "gpt2"}')
+    (folder / "model.safetensors").write_bytes(b"weights")
+    with pytest.raises(RunFolderError, match=r"is not empty and is not an attnkit run \(it holds \['config.json', "
+                                             r"'model.safetensors'\]\).*pass --overwrite"):
+        train(small_config(folder, steps=2), log=_quiet)
+    assert (folder / "config.json").read_text() == '{"model_type": "gpt2"}'
+    train(small_config(folder, steps=2, ckpt_every=2, overwrite=True), log=_quiet)
+    assert (folder / "model.safetensors").read_bytes() == b"weights"  # only what a run writes was replaced
+    assert ckpt.run_identity(folder) is not None
+
+
+# ------------------------------------------------------------------------------------------ resume (item 18)
+
+def test_resume_names_the_flags_it_ignores_and_extends_with_steps(tmp_path):
+    run = tmp_path / "run"
+    train(small_config(run, steps=6, ckpt_every=3), log=_quiet)
+    logs = []
+    result = train(small_config(run, steps=10, lr=0.5, batch_size=8), resume=run,
+                   given={"steps", "lr", "batch_size"}, log=logs.append)
+    text = "\n".join(logs)
+    assert "ignored: --batch-size 8 (the run has 4), --lr 0.5 (the run has 0.003)" in text, text
+    assert "--init-from" in text
+    assert "schedule: 6 -> 10 steps; the learning rate keeps its warmup + cosine to step 6, then holds its minimum" \
+        in text, text
+    assert result.step == 10
+    records = read_metrics(run / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(1, 11))
+    minimum = 3e-3 * TrainConfig().min_lr_ratio
+    assert all(r["lr"] == pytest.approx(minimum) for r in records[6:])  # held at the minimum beyond the old end
+    with pytest.raises(AttnkitValueError, match="--steps 5 is below the checkpoint's step 10"):
+        train(small_config(run, steps=5), resume=run, given={"steps"}, log=_quiet)
+    logs.clear()
+    train(small_config(run), resume=run, log=logs.append)
+    assert any("already finished at step 10; pass --steps N" in line for line in logs), logs
+
+
+def test_extending_matches_the_schedule_it_states(tmp_path):
+    """An extended run equals a run whose schedule ended at 6 and went on at the minimum: bitwise on CPU."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    train(small_config(a, steps=6, ckpt_every=3), log=_quiet)
+    train(small_config(a, steps=9), resume=a, given={"steps"}, log=_quiet)
+    train(small_config(b, steps=6, ckpt_every=3), log=_quiet)
+    train(small_config(b, steps=7), resume=b, given={"steps"}, log=_quiet)
+    train(small_config(b, steps=9), resume=b, given={"steps"}, log=_quiet)
+    la = [r["loss"] for r in read_metrics(a / "metrics.jsonl")]
+    lb = [r["loss"] for r in read_metrics(b / "metrics.jsonl")]
+    assert la == lb and len(la) == 9
+
+
+def test_changed_data_is_noticed_on_resume(tmp_path):
+    data = tmp_path / "data"
+    shutil.copytree(CORPUS, data)
+    run = tmp_path / "run"
+    train(small_config(run, data=str(data), steps=4, ckpt_every=4), log=_quiet)
+    logs = []
+    train(small_config(run, steps=4), resume=run, log=logs.append)
+    assert not [line for line in logs if "WARNING" in line], logs
+    target = sorted(data.glob("*.py"))[0]
+    target.write_text(target.read_text() + "\n# changed\n")
+    train(small_config(run, steps=4), resume=run, log=logs.append)
+    assert any("WARNING: the training data changed since this checkpoint" in line for line in logs), logs
+    assert len(json.loads((run / "config.json").read_text())["data_sha256"]) == 64
+
+
+def test_init_from_starts_a_new_run_from_a_checkpoints_weights(tmp_path):
+    base, tuned = tmp_path / "base", tmp_path / "tuned"
+    train(small_config(base, steps=6, ckpt_every=6), log=_quiet)
+    logs = []
+    train(small_config(tuned, steps=2, ckpt_every=2, lr=1e-9, warmup=0, preset="tiny"), init_from=base,
+          given={"preset"}, log=logs.append)
+    assert any("--init-from builds the model of" in line and "ignored --preset" in line for line in logs), logs
+    config = json.loads((tuned / "config.json").read_text())
+    assert config["init_from"]["step"] == 6 and config["init_from"]["run_id"] == ckpt.run_identity(base)
+    assert config["run_id"] != ckpt.run_identity(base)
+    w0 = ckpt.load_file(str(ckpt.resolve(base) / "model.safetensors"))
+    w1 = ckpt.load_file(str(ckpt.resolve(tuned) / "model.safetensors"))
+    assert all(torch.allclose(w0[k], w1[k], atol=1e-6) for k in w0)  # lr 1e-9: the weights it started from
+    assert ckpt.read_state(ckpt.resolve(tuned))["step"] == 2  # a new run: step counts from 0
+    with pytest.raises(AttnkitValueError, match="resume and init_from exclude each other"):
+        train(small_config(tuned), resume=tuned, init_from=base, log=_quiet)
+    with pytest.raises(AttnkitValueError, match="seq_len=512 exceeds max_seq_len=.* of the checkpoint"):
+        train(small_config(tmp_path / "long", seq_len=512), init_from=base, log=_quiet)
+
+
+# ------------------------------------------------------------------------------------------ messages (item 25)
+
+def test_warmup_longer_than_the_run_is_stated(tmp_path):
+    logs = []
+    train(small_config(tmp_path, steps=4, warmup=50, ckpt_every=4), log=logs.append)
+    assert any("warmup (50 steps) is not shorter than the run (4 steps)" in line for line in logs), logs
+
+
+def test_the_summary_says_plainly_whether_the_baseline_was_beaten():
+    assert verdict(2.0, 3.5) == ("validation loss 2.000 (perplexity 7.39) beat the unigram baseline 3.500 by 1.500 "
+                                 "nats/token")
+    assert verdict(3.9, 2.2).startswith("validation loss 3.900 (perplexity 49.40) did NOT beat the unigram baseline "
+                                        "2.200: it is 1.700 nats/token worse")
+
+
+# ------------------------------------------------------------------------------------------ generate (item 23)
+
+def test_generate_errors_name_the_value_and_the_limit(tmp_path, capsys):
+    from attnkit.models.builders import build_lm
+    from attnkit.models.generation import generate
+
+    model = build_lm("nano", vocab_size=100).eval()
+    with pytest.raises(AttnkitValueError, match=r"token id 250, but the model's vocabulary has 100 ids \(0 .. 99\)"):
+        generate(model, [[1, 250]], max_new_tokens=2)
+    run = tmp_path / "run"
+    train(small_config(run, steps=2, ckpt_every=2, model={"positions": "learned"}), log=_quiet)
+    limit = json.loads((run / "config.json").read_text())["model"]["max_seq_len"]
+    assert main(["generate", "--checkpoint", str(run), "--prompt", "def ", "--max-new-tokens", str(limit),
+                 "--cache", "static"]) == 2
+    err = capsys.readouterr()
+    assert (f"--max-new-tokens {limit} with a prompt of 4 tokens needs {limit + 4} positions, but the model's learned "
+            f"positions hold {limit}; pass --max-new-tokens {limit - 4} or less") in err.err
+    assert err.out == ""  # refused before any text was printed
+
+
+def test_a_config_that_does_not_fit_its_weights_is_a_typed_error(tmp_path):
+    from attnkit.models.builders import build_lm
+
+    path = ckpt.save_checkpoint(tmp_path, 1, build_lm("nano"), None, {})
+    with pytest.raises(ckpt.CheckpointError, match=r"does not fit the model: blocks.0.attn.out_proj.weight is \(64, 64\) in the "
+                                                   r"checkpoint but \(128, 128\) in the model"):
+        ckpt.load_weights(path, build_lm("nano", dim=128))
