@@ -71,6 +71,17 @@ def test_auto_map_model_is_refused_and_its_code_never_runs(tmp_path, capsys, mon
     assert not marker.exists()
 
 
+def test_convert_and_report_refuse_auto_map_too(tmp_path, capsys, monkeypatch):
+    """Every command that opens a Hugging Face folder goes through the same refusal (issue 16 item 19)."""
+    folder, marker = _remote_code_folder(tmp_path)
+    monkeypatch.setattr("builtins.input", lambda *a, **k: "y")
+    assert main(["convert", "--hf", str(folder), "--out", str(tmp_path / "run")]) == 2
+    assert main(["report", str(folder), "--text", "hi", "--out", str(tmp_path / "r.html")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("never runs a model folder's Python code") == 2, err
+    assert not marker.exists() and not (tmp_path / "run").exists()
+
+
 def test_hugging_face_folders_load_with_trust_remote_code_false(tmp_path, monkeypatch):
     transformers = pytest.importorskip("transformers")
     folder = tmp_path / "hf"

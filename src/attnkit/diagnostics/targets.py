@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from attnkit.errors import AttnkitValueError, EnvironmentUnsupportedError
+from attnkit.integrations.remote_code import RemoteCodeRefused, read_config  # noqa: F401  (re-exported)
 
 HF_TINY = {
     "hf-gpt2-tiny": ("GPT2Config", "GPT2LMHeadModel",
@@ -48,10 +49,6 @@ def hf_tiny(name: str):
     return getattr(tf, model_cls)(getattr(tf, config_cls)(**kwargs)).eval()
 
 
-class RemoteCodeRefused(AttnkitValueError):
-    """A Hugging Face folder whose config asks to run its own Python code (``auto_map``): never executed."""
-
-
 def is_attnkit_run(path: Path) -> bool:
     """An attnkit run folder (``checkpoints/``, or the ``config.json`` the trainer writes) or checkpoint folder."""
     if (path / "state.json").is_file() or (path / "checkpoints").is_dir():
@@ -76,15 +73,7 @@ def load_hf_folder(path: Path, *, encoder: bool = False):
     a config with ``auto_map`` (custom modelling code in the folder) is refused with :class:`RemoteCodeRefused`."""
     from attnkit.diagnostics.subjects import HF_ENCODER_TYPES
 
-    raw = _read_json(path / "config.json")
-    if not isinstance(raw, dict):
-        raise AttnkitValueError(f"{str(path / 'config.json')!r} is not a JSON object; a Hugging Face folder needs a "
-                                "config.json written by save_pretrained.")
-    if raw.get("auto_map"):
-        raise RemoteCodeRefused(
-            f"{str(path)!r} is a Hugging Face model with custom code (config.json has auto_map "
-            f"{sorted(raw['auto_map'])}); attnkit never runs a model folder's Python code. Examine it from your own "
-            "Python session after reviewing the code: ak.doctor.examine(model).")
+    read_config(path)  # refuses auto_map (custom code) before transformers sees the folder
     tf = _transformers()
     config = tf.AutoConfig.from_pretrained(path, trust_remote_code=False, local_files_only=True)
     auto = tf.AutoModelForMaskedLM if encoder or config.model_type in HF_ENCODER_TYPES else tf.AutoModelForCausalLM

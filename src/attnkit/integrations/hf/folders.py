@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 
 from attnkit.errors import AttnkitValueError
-
+from attnkit.integrations.remote_code import read_config
 from attnkit.integrations.runs import TOKENIZER_DIR  # noqa: F401  (re-exported)
 
 
@@ -29,10 +29,11 @@ def load_hf(path: str | Path, *, dtype: torch.dtype = torch.float32):
     if not (folder / "config.json").is_file():
         raise AttnkitValueError(f"--hf {str(path)!r} is not a Hugging Face model folder (no config.json); pass the "
                                 "folder that holds config.json and the weights.")
-    config = tf.AutoConfig.from_pretrained(folder, trust_remote_code=False)
+    read_config(folder)  # refuses auto_map (custom code) first
+    config = tf.AutoConfig.from_pretrained(folder, trust_remote_code=False, local_files_only=True)
     family = family_of(config.model_type)
     auto = tf.AutoModelForCausalLM if family.causal_lm else tf.AutoModel
-    return auto.from_pretrained(folder, dtype=dtype, trust_remote_code=False).eval()
+    return auto.from_pretrained(folder, dtype=dtype, trust_remote_code=False, local_files_only=True).eval()
 
 
 def save_tokenizer(path, where: Path) -> bool:

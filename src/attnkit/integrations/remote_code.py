@@ -1,0 +1,33 @@
+"""Never run a model folder's code: a Hugging Face folder's ``config.json`` is read and checked here, before
+transformers sees the folder (no transformers import, so anything may call it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from attnkit.errors import AttnkitValueError
+
+
+class RemoteCodeRefused(AttnkitValueError):
+    """A Hugging Face folder whose config asks to run its own Python code (``auto_map``): never executed."""
+
+
+def read_config(folder: Path) -> dict:
+    """The folder's ``config.json`` as a dict, refusing a folder with custom modelling code (``auto_map``) before
+    transformers sees it: attnkit never runs a model folder's Python code."""
+    import json
+
+    try:
+        raw = json.loads((folder / "config.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        raw = None
+    if not isinstance(raw, dict):
+        raise AttnkitValueError(f"{str(folder / 'config.json')!r} is not a JSON object; a Hugging Face folder needs a "
+                                "config.json written by save_pretrained.")
+    if raw.get("auto_map"):
+        raise RemoteCodeRefused(
+            f"{str(folder)!r} is a Hugging Face model with custom code (config.json has auto_map "
+            f"{sorted(raw['auto_map'])}); attnkit never runs a model folder's Python code. Load it from your own "
+            "Python session after reviewing the code, then pass the model object (e.g. ak.doctor.examine(model)).")
+    return raw
