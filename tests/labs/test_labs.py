@@ -45,8 +45,11 @@ def check_outputs(folder, name):
     for v in payload["verdicts"]:
         assert v["verdict"] in VERDICTS, (name, v)
         assert v["measured"] and v["band"] and v["claim"], (name, v)
-    # quick runs must actually measure: at most one claim may lack its measurement
-    assert sum(v["verdict"] == "not measured" for v in payload["verdicts"]) <= 1, (name, payload["verdicts"])
+    # quick runs must actually measure: at most one claim may lack its measurement (a task too short to be learned
+    # at the quick size is a stated precondition, not a missing measurement)
+    unlearned = [v for v in payload["verdicts"] if "no model learned" in v["measured"]]
+    assert all(v["verdict"] == "not measured" for v in unlearned), (name, unlearned)
+    assert sum(v["verdict"] == "not measured" for v in payload["verdicts"]) - len(unlearned) <= 1, (name, payload)
     numbers = list(_numbers(payload["measurements"]))
     assert numbers and sum(math.isfinite(x) for x in numbers) >= 0.5 * len(numbers), name
     summary = (folder / "summary.md").read_text()
@@ -107,3 +110,16 @@ def test_copy_task_targets_are_the_first_half():
     tokens, targets = copy_batch(g, 4, 5, 50, length=13)
     assert torch.equal(targets[:, 5:10], tokens[:, :5]) and torch.equal(tokens[:, 6:11], tokens[:, :5])
     assert (targets[:, :5] == IGNORE).all() and (targets[:, 10:] == IGNORE).all()
+
+
+def test_claims_on_a_task_no_model_learned_are_not_measured():
+    """A comparison of architectures on a task nobody learned is no evidence: 'not measured', never 'holds'."""
+    from attnkit.labs.long_range import CLAIMS, LEARNED_FLOOR
+
+    def task(acc):
+        return {model: {"params": 1, "accuracy": dict(acc)} for model in ("attention", "lstm", "cnn")}
+
+    at_chance = {"recall": task({"1-8": 0.01, "17-32": 0.0}), "copy": task({"4": 0.01, "16": 0.0})}
+    assert all(c.verdict(at_chance)["verdict"] == "not measured" for c in CLAIMS)
+    learned = {"recall": task({"1-8": LEARNED_FLOOR, "17-32": 0.0}), "copy": task({"4": 1.0, "16": 1.0})}
+    assert all(c.verdict(learned)["verdict"] != "not measured" for c in CLAIMS)
