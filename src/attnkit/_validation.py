@@ -45,6 +45,9 @@ class AttentionCall:
     #: a float bias tensor, or a structured bias built from tensors (parameters, buffers, anything) that
     #: autograd must reach (asked once per call by scoring one entry, :func:`bias_needs_grad`)
     bias_needs_grad: bool = False
+    #: attention sinks: one learned logit per query head ``(H,)`` that takes probability mass in the softmax
+    #: and is dropped (gpt-oss); served by backends with ``serves_sinks = True`` (math), refused by the others
+    sinks: torch.Tensor | None = None
 
     @property
     def batch(self) -> int:
@@ -215,7 +218,7 @@ def _check_broadcast(t: torch.Tensor, name: str, shape: tuple[int, int, int, int
 
 
 def build_call(q, k, v, mask=None, *, bias=None, scale=None, softcap=None, dropout_p=0.0,
-               q_positions=None, kv_positions=None, return_weights=False) -> AttentionCall:
+               q_positions=None, kv_positions=None, return_weights=False, sinks=None) -> AttentionCall:
     """Validate the arguments of :func:`attnkit.attention` and bundle them."""
     check_tensors(q, k, v)
     B, H, Lq, D = q.shape
@@ -245,5 +248,18 @@ def build_call(q, k, v, mask=None, *, bias=None, scale=None, softcap=None, dropo
         mask = mask.source
     elif mask is not None:
         prepared = PreparedMask.for_call(mask, q_positions, kv_positions, B, Lq, k.shape[2], q.device)
+    check_sinks(sinks, H, q.device)
     return AttentionCall(q, k, v, mask, bias, scale, softcap, dropout_p, q_positions, kv_positions,
-                         return_weights, prepared, bias_needs_grad(bias, q.device))
+                         return_weights, prepared, bias_needs_grad(bias, q.device), sinks)
+
+
+def check_sinks(sinks, num_heads: int, device: torch.device) -> None:
+    """``sinks``: None or a float tensor ``(H,)`` of per-head sink logits on the queries' device."""
+    if sinks is None:
+        return
+    if not isinstance(sinks, torch.Tensor) or not sinks.is_floating_point():
+        raise AttnkitTypeError(f"sinks must be a float tensor (H,) of per-head sink logits, got {describe(sinks)}; "
+                               "pass e.g. the model's learned sinks parameter, or None for no sink.")
+    if sinks.shape != (num_heads,) or sinks.device != device:
+        raise AttnkitValueError(f"sinks must have shape ({num_heads},) (one logit per query head) on {device}, got "
+                                f"shape {tuple(sinks.shape)} on {sinks.device}; pass one logit per query head.")

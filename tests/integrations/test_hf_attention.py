@@ -208,14 +208,6 @@ def test_unknown_mask_function_is_exact_but_dense_with_a_reason():
     assert torch.equal(mask.spec.to_dense(6)[0, 0], want)
 
 
-def test_attention_sinks_are_refused_with_the_feature_named():
-    from attnkit.integrations.hf import attention_forward
-
-    q = k = v = torch.randn(1, 2, 3, 4)
-    with pytest.raises(BackendUnsupportedError, match=r"attention sinks \(s_aux"):
-        attention_forward(torch.nn.Module(), q, k, v, None, s_aux=torch.zeros(2))
-
-
 def test_per_call_window_size_is_refused():
     from attnkit.integrations.hf import attention_forward
 
@@ -249,19 +241,28 @@ def test_user_4d_masks_bool_and_float():
     assert err < 1e-5, f"additive 4-D mask: {err:.3g}"
 
 
-def test_gpt_oss_sinks_refused_through_the_model():
-    """gpt-oss passes its learned sink logits (s_aux) to every attention call: refused by name, not dropped."""
+def test_gpt_oss_sinks_through_attnkit_equal_eager():
+    """gpt-oss passes its learned sink logits (s_aux) to every attention call: served (math), equal to eager."""
     from hf_tiny import tf
 
     cfg = tf.GptOssConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=32, num_hidden_layers=2,
                           num_attention_heads=4, num_key_value_heads=2, head_dim=8, num_local_experts=2,
                           num_experts_per_tok=1, sliding_window=4, max_position_embeddings=64,
                           rope_parameters={"rope_type": "default", "rope_theta": 10000.0})
+    torch.manual_seed(0)
+    ref = tf.GptOssForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for layer in ref.model.layers:
+            layer.self_attn.sinks.normal_(0.0, 2.0)  # sinks that take real mass (they start at 0)
+    ref.set_attn_implementation("eager")
     model = tf.GptOssForCausalLM(cfg).eval()
+    model.load_state_dict(ref.state_dict())
     model.set_attn_implementation("attnkit")
-    with pytest.raises(BackendUnsupportedError, match=r"GptOssAttention uses attention sinks \(s_aux"):
-        model(torch.randint(0, VOCAB, (1, 6)))
-
+    ids = torch.randint(0, VOCAB, (2, 9))
+    with torch.no_grad():
+        want, got = ref(ids).logits, model(ids).logits
+    err = (got - want).abs().max().item()
+    assert err <= TOL, f"gpt-oss with sinks: attnkit vs eager {err:.3g}"
 
 def test_training_gradients_match_sdpa_with_a_window_and_dropout_off():
     ref = build("mistral", "sdpa").train()

@@ -12,7 +12,7 @@ from attnkit.functional.reference import empty_result
 
 
 def attention(q, k, v, mask=None, *, bias=None, scale=None, softcap=None, dropout_p=0.0,
-              q_positions=None, kv_positions=None, backend="auto", return_weights=False):
+              q_positions=None, kv_positions=None, backend="auto", return_weights=False, sinks=None):
     """Scaled dot-product attention ``softmax(q k^T * scale + bias, masked) v`` on the fastest capable backend.
 
     Args:
@@ -26,13 +26,15 @@ def attention(q, k, v, mask=None, *, bias=None, scale=None, softcap=None, dropou
             ``kv = arange(Lk)``, ``q = arange(Lk - Lq, Lk)`` (bottom-right: queries are the newest tokens).
         backend: "auto" (fastest capable) or a name from ``ak.backends.available()``.
         return_weights: also return the probabilities ``(B, H, Lq, Lk)`` (before dropout).
+        sinks: attention sinks, one learned logit per query head ``(H,)``: a column that takes probability mass
+            in the softmax and is dropped (gpt-oss), so rows sum to less than 1. Served by ``math``.
 
     Returns:
         ``(B, H, Lq, Dv)``, or ``(out, weights)``. Rows with no visible key give 0; NaN inputs propagate to the
         rows that read them. An empty call (B, H, Lq or Lk = 0) gives zeros of the right shape on every backend.
     """
     call = build_call(q, k, v, mask, bias=bias, scale=scale, softcap=softcap, dropout_p=dropout_p,
-                      q_positions=q_positions, kv_positions=kv_positions, return_weights=return_weights)
+                      q_positions=q_positions, kv_positions=kv_positions, return_weights=return_weights, sinks=sinks)
     chosen = select(call, backend)  # (a forced backend still refuses what it can't serve)
     result = empty_result(call) if call.is_empty else chosen(call)  # nothing to compute: no kernel runs
     if OBSERVERS:  # diagnostics capture; free when nobody listens
@@ -42,8 +44,8 @@ def attention(q, k, v, mask=None, *, bias=None, scale=None, softcap=None, dropou
 
 
 def explain(q, k, v, mask=None, *, bias=None, scale=None, softcap=None, dropout_p=0.0,
-            q_positions=None, kv_positions=None, backend="auto", return_weights=False) -> Explanation:
+            q_positions=None, kv_positions=None, backend="auto", return_weights=False, sinks=None) -> Explanation:
     """Which backend :func:`attention` would use for these arguments, how, and why each other one can't."""
     call = build_call(q, k, v, mask, bias=bias, scale=scale, softcap=softcap, dropout_p=dropout_p,
-                      q_positions=q_positions, kv_positions=kv_positions, return_weights=return_weights)
+                      q_positions=q_positions, kv_positions=kv_positions, return_weights=return_weights, sinks=sinks)
     return explain_call(call, backend)

@@ -9,6 +9,7 @@ from attnkit.functional.reference import reference_from_call
 
 class MathBackend:
     name = "math"
+    serves_sinks = True  # the reference adds the sink column to the softmax
 
     def available(self) -> list[str]:
         return []

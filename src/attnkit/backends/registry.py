@@ -58,7 +58,10 @@ def get(name: str) -> Backend:
 
 
 def reasons_against(backend: Backend, call: AttentionCall) -> list[str]:
-    return backend.available() or backend.supports(call)
+    why = backend.available() or backend.supports(call)
+    if call.sinks is not None and not getattr(backend, "serves_sinks", False):  # opt-in: a backend must say so
+        why = [*why, "attention sinks (sinks=): this backend does not declare serves_sinks = True"]
+    return why
 
 
 def ranking(call: AttentionCall) -> list[tuple[str, Rank]]:

@@ -20,7 +20,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import attnkit as ak
 from attnkit.bench.common import RESULTS_DIR, matmul_peak_gflops, round_robin, write_results
 from attnkit.models.builders import build_lm
 from attnkit.models.generation import generate, stream_generate

@@ -137,7 +137,8 @@ def run(args) -> int:
             batch.targets.flatten())
 
     probe = ak_model()
-    default, measured = choose_precision(lambda p: lm_loss(probe, plain, p, device).backward(), device)
+    default, evidence = choose_precision(lambda p: lm_loss(probe, plain, p, device).backward(), device)
+    measured = evidence.get("median_s", {})  # {"fp32": s, "bf16": s} when bf16 runs here, else {}
     def ref_model():
         torch.manual_seed(0)
         return RefGPT(config.vocab_size, config.dim, config.n_layers, config.n_heads, args.seq_len).train()
@@ -153,7 +154,7 @@ def run(args) -> int:
     fns["attnkit checkpointing"] = _step_fn(ak_model(True), ak_loss(plain), default, device)
     print(f"{args.preset}: {ak_model().num_parameters() / 1e6:.1f} M parameters, batch {args.batch_size} x "
           f"{args.seq_len}, packed rows hold {n_docs} documents; default precision here: {default} "
-          f"(fwd+bwd {', '.join(f'{k} {v * 1e3:.0f} ms' for k, v in measured.items())})")
+          f"({evidence['summary']})")
     if args.long_seq_len:
         long_config = config.replace(max_seq_len=args.long_seq_len)
         short_docs = [d for d in load_documents(None) if len(d[1]) < args.long_max_doc]
@@ -198,7 +199,7 @@ def run(args) -> int:
         print(f"{name}: {'n/a' if value is None else f'{value:.2f}x'}")
     path = write_results("train", {
         "preset": args.preset, "batch_size": args.batch_size, "seq_len": args.seq_len, "repeats": args.repeats,
-        "default_precision": default, "precision_probe_seconds": measured, "results": results, "ratios": ratios,
+        "default_precision": default, "precision_probe_seconds": measured, "precision_evidence": evidence, "results": results, "ratios": ratios,
         "packed_documents": n_docs, "long": {"seq_len": args.long_seq_len, "batch_size": 1,
                                              "max_doc_bytes": args.long_max_doc,
                                              "packed_documents": long_docs if args.long_seq_len else None},

@@ -68,7 +68,12 @@ def reference_from_call(call: AttentionCall):
     if call.is_empty:
         return empty_result(call)
     scores = scores_of(call)  # (B, H, Lq, Lk)
-    probs = safe_softmax(scores)
+    if call.sinks is None:
+        probs = safe_softmax(scores)
+    else:  # one extra column per head that takes probability mass and is dropped (attention sinks)
+        B, H, Lq, _ = scores.shape
+        sink = call.sinks.to(scores.dtype).view(1, H, 1, 1).expand(B, H, Lq, 1)  # (B, H, Lq, 1)
+        probs = safe_softmax(torch.cat([scores, sink], dim=-1))[..., :-1]  # (B, H, Lq, Lk): rows sum below 1
     dropped = F.dropout(probs, p=call.dropout_p) if call.dropout_p > 0 else probs
     out = dropped.to(call.v.dtype) @ expand_kv(call.v, call.num_heads)  # (B, H, Lq, Dv)
     # rows that see no key are 0, even where a value they can't see holds NaN (0 * NaN); a bad query is NaN
@@ -104,11 +109,12 @@ def empty_result(call: AttentionCall):
 
 
 def reference_attention(q, k, v, mask=None, *, bias=None, scale=None, softcap=None, dropout_p=0.0,
-                        q_positions=None, kv_positions=None, return_weights=False):
+                        q_positions=None, kv_positions=None, return_weights=False, sinks=None):
     """Plain attention with every option of :func:`attnkit.attention`; the oracle of the test suite.
 
     ``weights`` (when ``return_weights=True``) are the softmax probabilities before dropout.
     """
     call = build_call(q, k, v, mask, bias=bias, scale=scale, softcap=softcap, dropout_p=dropout_p,
-                      q_positions=q_positions, kv_positions=kv_positions, return_weights=return_weights)
+                      q_positions=q_positions, kv_positions=kv_positions, return_weights=return_weights,
+                      sinks=sinks)
     return reference_from_call(call)

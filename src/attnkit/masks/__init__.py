@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from attnkit.masks.dense import default_positions, materialize
+from attnkit.masks.prepared import MaskStructure, PreparedMask, prepare
 from attnkit.masks.spec import (
     And,
     Causal,
@@ -41,7 +42,6 @@ from attnkit.masks.spec import (
     Strided,
     TwoSidedWindow,
 )
-from attnkit.masks.prepared import MaskStructure, PreparedMask, prepare
 
 
 def causal() -> Causal:

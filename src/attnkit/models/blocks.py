@@ -136,4 +136,4 @@ def layer_window(block: nn.Module) -> int | None:
 
 __all__ = ["ATTENTION_LAYERS", "Block", "attention_from_config", "block_from_config", "blocks_from_config", "layer_window",
            "linear_attention", "norm_from_config", "register_attention_layer", "rotary_from_config",
-           "softmax_attention", "torch"]
+           "softmax_attention"]

@@ -40,14 +40,16 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     ``query (B, H, Lq, D)``, ``key``/``value`` ``(B, Hkv, Lk, D)`` -> ``(out (B, Lq, H, D), weights)`` with
     ``weights (B, H, Lq, Lk)`` when the model asked for ``output_attentions``, else None.
     """
-    _refuse_unsupported(module, kwargs, s_aux if s_aux is not None else sinks)
+    _refuse_unsupported(module, kwargs)
+    sinks = s_aux if s_aux is not None else sinks  # gpt-oss: one learned sink logit per head
     mask, bias, q_pos, kv_pos = _mask_and_bias(module, query, key, attention_mask, is_causal)
     if position_bias is not None:
         bias = position_bias if bias is None else bias + position_bias
     want_weights = bool(kwargs.get("output_attentions", False))
     result = attention(query, key, value, mask, bias=bias, scale=scaling, softcap=softcap,
                        dropout_p=float(dropout or 0.0), q_positions=q_pos, kv_positions=kv_pos,
-                       backend=getattr(module, "attnkit_backend", "auto"), return_weights=want_weights)
+                       backend=getattr(module, "attnkit_backend", "auto"), return_weights=want_weights,
+                       sinks=None if sinks is None else sinks.to(query.device))
     out, weights = result if want_weights else (result, None)
     return out.transpose(1, 2).contiguous(), weights  # (B, Lq, H, D): transformers merges the heads itself
 
@@ -83,13 +85,8 @@ def _mask_and_bias(module, query, key, attention_mask, is_causal):
         "attnkit.integrations.hf) so transformers builds its masks through attnkit.")
 
 
-def _refuse_unsupported(module, kwargs: dict, sink_logits) -> None:
+def _refuse_unsupported(module, kwargs: dict) -> None:
     model = type(module).__name__
-    if sink_logits is not None:
-        raise BackendUnsupportedError(
-            f"{model} uses attention sinks (s_aux: a learned per-head logit that takes probability mass), which "
-            "attnkit does not serve yet; load this model with attn_implementation='eager'.",
-            ["attention sinks (s_aux)"])
     for name, feature in _REFUSED.items():
         if kwargs.get(name) is not None:
             raise BackendUnsupportedError(
