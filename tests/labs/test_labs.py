@@ -123,3 +123,16 @@ def test_claims_on_a_task_no_model_learned_are_not_measured():
     assert all(c.verdict(at_chance)["verdict"] == "not measured" for c in CLAIMS)
     learned = {"recall": task({"1-8": LEARNED_FLOOR, "17-32": 0.0}), "copy": task({"4": 1.0, "16": 1.0})}
     assert all(c.verdict(learned)["verdict"] != "not measured" for c in CLAIMS)
+
+
+def test_every_lab_module_is_discovered_without_a_list():
+    """Adding a lab is adding a file: every module of attnkit.labs with an @lab(...) is registered."""
+    import re
+    from pathlib import Path
+
+    import attnkit.labs as labs
+
+    declared = {m.group(1) for path in Path(labs.__file__).parent.glob("*.py")
+                for m in re.finditer(r'^@lab\(\s*"([^"]+)"', path.read_text(), flags=re.M)}
+    assert declared and declared == set(labs.LABS), (declared, set(labs.LABS))
+    assert "import (" not in Path(labs.__file__).read_text()  # no hand-kept import list

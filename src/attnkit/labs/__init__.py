@@ -8,16 +8,14 @@
 every lab at CI size. See docs/labs.md for the committed full runs and what they mean.
 """
 
-# importing a lab registers it; `attnkit lab all` runs them in this order
-from attnkit.labs import (
-    efficient,  # noqa: E402,F401
-    heads,  # noqa: E402,F401
-    long_range,  # noqa: E402,F401
-    mask,  # noqa: E402,F401
-    pitfalls,  # noqa: E402,F401
-    positions,  # noqa: E402,F401
-    scale,  # noqa: E402,F401,I001
-)
+import importlib
+import pkgutil
+
 from attnkit.labs.registry import LABS, Lab, get_lab, lab, run_lab
+
+# every module of this package is imported, and each @lab in it registers itself: adding a lab is adding a file;
+# `attnkit lab all` runs them in module-name order
+for _module in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+    importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = ["LABS", "Lab", "get_lab", "lab", "run_lab"]
