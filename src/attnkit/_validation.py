@@ -228,7 +228,8 @@ def build_call(q, k, v, mask=None, *, bias=None, scale=None, softcap=None, dropo
     reads = [what for what, on in ((f"mask {mask!r}", getattr(mask, "positional", False)),
                                    (f"bias {type(bias).__name__}", isinstance(bias, StructuredBias))) if on]
     if q_positions is None and reads and k.shape[2] > 0:  # (no key: every row is 0 wherever it sits)
-        check_default_alignment(Lq, k.shape[2], f"{' and '.join(reads)} read{'' if len(reads) > 1 else 's'} positions; pass q_positions= (and "
+        verb = "read" if len(reads) > 1 else "reads"
+        check_default_alignment(Lq, k.shape[2], f"{' and '.join(reads)} {verb} positions; pass q_positions= (and "
                                 "kv_positions=) with the absolute positions of this call's tokens")
     scale = 1.0 / math.sqrt(D) if scale is None else check_scalar(
         scale, "scale", low=0.0, high=math.inf, low_open=True, fix="omit it for the default 1/sqrt(head_dim).")

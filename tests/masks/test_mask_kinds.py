@@ -9,13 +9,13 @@ import pytest
 import torch
 
 import attnkit as ak
+from attnkit._validation import build_call
 from attnkit.backends import flex
 from attnkit.backends.blocksparse import make_plans
 from attnkit.cache import make_cache
 from attnkit.errors import AttnkitTypeError, AttnkitValueError
 from attnkit.masks import blocks, spec
 from attnkit.masks.blocks import cover, probe
-from attnkit._validation import build_call
 from oracle import assert_within_rule
 
 M = ak.masks

@@ -4,8 +4,9 @@
 a bias, pieces of equal shape are stacked along the batch dim and run through
 ``F.scaled_dot_product_attention`` with the small per-piece mask (or ``is_causal=True`` where the piece is
 exactly causal); autograd gives the backward. With a bias (ALiBi, a float tensor) or a logit softcap the
-pieces run through the tiled kernel of :mod:`attnkit.backends.tiled` (softcap with its backward), their additive term read from an offset table
-(:mod:`attnkit.backends.relative`) or evaluated per piece from positions, never as an Lq x Lk tensor.
+pieces run through the tiled kernel of :mod:`attnkit.backends.tiled` (softcap with its backward), their
+additive term read from an offset table (:mod:`attnkit.backends.relative`) or evaluated per piece from
+positions, never as an Lq x Lk tensor.
 Cost and memory grow with the reachable entries, not with Lq x Lk. Rows with no visible key give 0 with
 finite gradients.
 

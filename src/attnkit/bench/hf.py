@@ -117,8 +117,9 @@ def minilm_throughput(args) -> dict | None:
         return None
     from attnkit.integrations.hf.sentences import embed, load_encoder
 
-    words = ("attention keeps every token in view while the window slides over long documents and the model "
-             "learns which heads matter for retrieval ranking and clustering of short and long sentences").split()
+    words = ["attention", "keeps", "every", "token", "in", "view", "while", "the", "window", "slides", "over", "long",
+             "documents", "and", "the", "model", "learns", "which", "heads", "matter", "for", "retrieval", "ranking",
+             "and", "clustering", "of", "short", "and", "long", "sentences"]
     g = torch.Generator().manual_seed(0)
     sentences = [" ".join(words[int(i)] for i in torch.randint(0, len(words), (int(n),), generator=g))
                  for n in torch.randint(3, 40, (args.sentences,), generator=g)]

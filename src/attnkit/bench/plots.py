@@ -23,12 +23,29 @@ _MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "<", ">")
 _LINES = ("-", "--", "-.", ":")
 
 
+#: contenders that appear in several suites keep the same style in every figure, not only within one
+KNOWN_SERIES = ("attnkit", "sdpa_dense", "naive", "nn_mha", "sdpa_per_doc", "sdpa_causal_nobias", "flex",
+                "attnkit_bf16", "linear", "softmax")
+
+
 def series_styles(names) -> dict[str, dict]:
-    """A fixed style per series name, in first-seen order: colour, marker and line style all differ between
-    neighbours, so two series on top of each other (equal values) both stay visible."""
+    """A fixed style per series name: the known contenders always get the same one (in every figure), others
+    the next free one in first-seen order. Colour, marker and line style all differ between neighbours, and
+    series drawn later are thinner with smaller markers, so two series on top of each other (equal values)
+    both stay visible."""
     order = list(dict.fromkeys(names))
+    taken, slot = set(), {}
+    for name in order:
+        if name in KNOWN_SERIES:
+            slot[name] = KNOWN_SERIES.index(name)
+            taken.add(slot[name])
+    free = (i for i in range(10**6) if i not in taken)
+    for name in order:
+        if name not in slot:
+            slot[name] = next(free)
     return {name: {"color": _COLOURS[i % len(_COLOURS)], "marker": _MARKERS[i % len(_MARKERS)],
-                   "linestyle": _LINES[i % len(_LINES)]} for i, name in enumerate(order)}
+                   "linestyle": _LINES[i % len(_LINES)], "linewidth": max(0.8, 2.4 - 0.4 * rank),
+                   "markersize": max(3.0, 7.0 - rank)} for rank, (name, i) in enumerate(slot.items())}
 
 
 def line_panels(panels: dict[str, dict[str, list[tuple[float, float]]]], path: Path | str, *,
@@ -44,6 +61,7 @@ def line_panels(panels: dict[str, dict[str, list[tuple[float, float]]]], path: P
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter
 
     styles = series_styles(name for series in panels.values() for name in series)
     n = len(panels)
@@ -54,9 +72,10 @@ def line_panels(panels: dict[str, dict[str, list[tuple[float, float]]]], path: P
         for name, pts in series.items():
             if pts:
                 xs, ys = zip(*sorted(pts))
-                ax.plot(xs, ys, label=name, markersize=5, **styles[name])
+                ax.plot(xs, ys, label=name, **styles[name])
         if log in ("both", "x"):
             ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels (2x10^3, 3x10^3, ...) overlap
         if log in ("both", "y"):
             ax.set_yscale("log")
         ax.set(title=panel, xlabel=_label(xlabel, panel), ylabel=_label(ylabel, panel))

@@ -199,7 +199,8 @@ def run(args) -> int:
         print(f"{name}: {'n/a' if value is None else f'{value:.2f}x'}")
     path = write_results("train", {
         "preset": args.preset, "batch_size": args.batch_size, "seq_len": args.seq_len, "repeats": args.repeats,
-        "default_precision": default, "precision_probe_seconds": measured, "precision_evidence": evidence, "results": results, "ratios": ratios,
+        "default_precision": default, "precision_probe_seconds": measured, "precision_evidence": evidence,
+        "results": results, "ratios": ratios,
         "packed_documents": n_docs, "long": {"seq_len": args.long_seq_len, "batch_size": 1,
                                              "max_doc_bytes": args.long_max_doc,
                                              "packed_documents": long_docs if args.long_seq_len else None},

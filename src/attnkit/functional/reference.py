@@ -13,8 +13,8 @@ the scale, bias and softmax stay in float32, as every fused kernel does: large l
 before the scale. ``p @ v`` runs in the inputs' dtype. Run it in float64 to get the golden answer.
 
 NaN inputs propagate: a row whose query holds a NaN (or inf) is NaN, and so is a row that may attend a key
-or value holding one. Otherwise rows that see no key are 0, even where a masked key or value holds NaN. Calls with no query, no key or an empty batch give zeros of the right
-shape (:func:`empty_result`).
+or value holding one. Otherwise rows that see no key are 0, even where a masked key or value holds NaN. Calls
+with no query, no key or an empty batch give zeros of the right shape (:func:`empty_result`).
 
 Shape legend: B batch, H query heads, Hkv key/value heads, G = H // Hkv, Lq/Lk lengths, D/Dv head dims.
 """
