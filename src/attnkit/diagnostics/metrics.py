@@ -89,9 +89,10 @@ def head_metrics(weights: torch.Tensor, allowed: torch.Tensor | None = None,
     in the weights' precision (float32 for float32/bf16/fp16 weights), every row sum in float64 (a float32 log
     is several times cheaper than a float64 one; ``attnkit bench report`` times both paths).
     Against :func:`head_metrics_reference` (all float64): ``max_prob``, ``sink_mass`` and ``masked_mass`` are
-    exact up to the order of the float64 sum; a row's entropy is within ``3 u entropy`` and its distance within ``u distance`` (``u = 2**-24``:
-    the float32 log and product round each term once or twice; the float64 sum adds ~1e-16), so at 2048 keys
-    entropy is off by < 2e-6 nats and distance by < 1.3e-4 tokens, below the report's 3 decimals.
+    exact up to the order of the float64 sum; a row's entropy is within ``3 u entropy`` and its distance within
+    ``u distance`` (``u = 2**-24``: the float32 log and product round each term once or twice; the float64 sum
+    adds ~1e-16), so at 2048 keys entropy is off by < 2e-6 nats and distance by < 1.3e-4 tokens, below the
+    report's 3 decimals.
     """
     w = weights.detach()
     B, H, Lq, Lk = w.shape
