@@ -35,7 +35,9 @@ def masks(Lq, Lk, H):
     causal = torch.arange(Lk - Lq, Lk)[:, None] >= torch.arange(Lk)[None, :]  # (Lq, Lk), bottom-right aligned
     padding = (torch.arange(Lk) < Lk - 3)[None, None, None, :]  # (1, 1, 1, Lk): row-broadcast
     per_head = torch.rand(1, H, Lq, Lk, generator=torch.Generator().manual_seed(1)) > 0.3  # (1, H, Lq, Lk)
-    return {"none": None, "causal": causal, "padding": padding, "per-head": per_head, "causal&padding": causal & padding}
+    empty_rows = causal & (torch.arange(Lq) >= 2)[:, None]  # the first two queries see nothing
+    return {"none": None, "causal": causal, "padding": padding, "per-head": per_head, "causal&padding": causal & padding,
+            "empty-rows": empty_rows}
 
 
 def compare(weights, allowed, **positions):
@@ -55,7 +57,7 @@ def compare(weights, allowed, **positions):
     return fast, gold
 
 
-@pytest.mark.parametrize("mask", ["none", "causal", "padding", "per-head", "causal&padding"])
+@pytest.mark.parametrize("mask", ["none", "causal", "padding", "per-head", "causal&padding", "empty-rows"])
 @pytest.mark.parametrize("Lq,Lk", [(1, 1), (7, 7), (65, 65), (5, 9)])
 def test_head_metrics_equal_the_float64_reference(mask, Lq, Lk):
     H = 3
@@ -91,12 +93,24 @@ def test_head_metrics_at_2048_keys_stay_within_the_displayed_precision():
     assert U * L < DISPLAY_HALF_UNIT and err < DISPLAY_HALF_UNIT, f"distance error {err:.3g}"
 
 
-def test_head_metrics_flags_masked_mass_like_the_reference():
+@pytest.mark.parametrize("slab", [1, 1 << 22])
+def test_head_metrics_flags_masked_mass_like_the_reference(monkeypatch, slab):
+    """Mass on forbidden keys, also past the last visible key of a slab (where the fast path skips empty keys)."""
+    import attnkit.diagnostics.metrics as metrics
+
+    monkeypatch.setattr(metrics, "SLAB_ELEMENTS", slab)
     L = 6
     allowed = torch.ones(L, L, dtype=torch.bool).tril()
     leaky = torch.full((1, 2, L, L), 1.0 / L)
     fast, gold = compare(leaky, allowed)
     assert fast.masked_mass[0] == pytest.approx(1 - 1 / L, abs=1e-7) and fast.masked_mass == gold.masked_mass
+    one = torch.eye(L)[None, None].repeat(1, 2, 1, 1)
+    one[0, 1, 0, L - 1] = 0.25  # head 1: the first query (sees key 0 only) puts mass on the last key
+    fast, gold = compare(one, allowed)
+    assert fast.masked_mass == gold.masked_mass == [0.0, 0.25]
+    nan = one.clone()
+    nan[0, 0, 2, 4] = math.nan  # a NaN on a forbidden key is reported, not skipped
+    assert math.isnan(head_metrics(nan, allowed).masked_mass[0])
 
 
 def old_prev_token_score(weights, allowed):
