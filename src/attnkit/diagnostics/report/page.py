@@ -42,7 +42,7 @@ def payload(data: Collected, *, dense_max: int = 512, top_k: int = 32) -> tuple[
     L = len(data.tokens)
     buf, masks, mask_ids = Buffer(), [], {}
     layers, verdicts = [], []
-    sparse = top_k if dense_max < L else None
+    sparse = top_k if dense_max < L and top_k < L else None
     for layer in data.layers:
         heads = encode_layer(buf, layer.weights, sparse)
         mask = None
