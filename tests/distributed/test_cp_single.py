@@ -87,10 +87,11 @@ def test_merge_is_exact_and_empty_parts_weigh_nothing():
 
 @pytest.mark.parametrize("mask", [None, ak.masks.causal(), ak.masks.sliding_window(5),
                                   ak.masks.padding([29, 3]) & ak.masks.causal()], ids=repr)
-@pytest.mark.parametrize("alibi", [False, True])
+@pytest.mark.parametrize("alibi", [None, "per_head", "per_row"])
 def test_one_process_equals_reference(mask, alibi):
     q, k, v = _qkv()
-    bias = ak.positions.ALiBi(4) if alibi else None
+    slopes = torch.rand(2, 4, generator=torch.Generator().manual_seed(3)) * 0.5 + 0.05  # (B, H): per row and head
+    bias = None if alibi is None else ak.positions.ALiBi(4, slopes if alibi == "per_row" else None)
     golden = run_with_grads(lambda *t: ak.reference_attention(*t, mask, bias=bias), [t.double() for t in (q, k, v)])
     ref32 = run_with_grads(lambda *t: ak.reference_attention(*t, mask, bias=bias), [q, k, v])
     got = run_with_grads(lambda *t: akd.context_parallel_attention(*t, mask, bias=bias, tile=8), [q, k, v])
@@ -149,6 +150,11 @@ def test_errors_name_the_argument_and_the_fix():
         akd.context_parallel_attention(q, k, v, bias=alibi)
     with pytest.raises(ValueError, match="was built for 2 heads but q has 4"):
         akd.context_parallel_attention(q, k, v, bias=ak.positions.ALiBi(2))
+    with pytest.raises(ValueError, match=r"has per-row terms for batch 3 but q has batch 2; give it one row of slopes"):
+        akd.context_parallel_attention(q, k, v, bias=ak.positions.ALiBi(4, torch.ones(3, 4)))
+    per_row = ak.positions.ALiBi(4, torch.nn.Parameter(torch.ones(2, 4)))
+    with pytest.raises(NotImplementedError, match="ALiBi needs a gradient, which context parallel attention does not"):
+        akd.context_parallel_attention(q, k, v, bias=per_row)  # the probe passes b: it asks, it does not crash
     with pytest.raises(TypeError, match="positions must be an integer tensor"):
         akd.context_parallel_attention(q, k, v, positions=torch.zeros(29))
     with pytest.raises(ValueError, match=r"positions must have shape \(29,\) or \(2, 29\)"):

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from attnkit._bias import StructuredBias
 from attnkit._checks import number, positive_int
-from attnkit._validation import check_tensors
+from attnkit._validation import bias_needs_grad, check_bias, check_tensors
 from attnkit.distributed.comm import Comm, Recv, Send
 from attnkit.distributed.kernel import TileKernel, acc_dtype
 from attnkit.distributed.layout import ShardLayout, contiguous
@@ -276,13 +276,10 @@ def _prepare(q, k, v, mask, bias, scale, softcap, positions, layout, group, stra
                 f"context parallel attention takes a structured bias (ak.positions.ALiBi) evaluated from global "
                 f"positions, got bias={describe(bias)}; a dense (B, H, L, L) bias has no shard to split - express "
                 "it as a StructuredBias.")
-        zero = torch.zeros((), dtype=torch.long, device=q.device)
-        if torch.is_grad_enabled() and bias.score(zero, zero, zero).requires_grad:
+        check_bias(bias, (B, H, L, L), H)  # heads, and per-row terms (ALiBi slopes (B, H)) for this batch
+        if bias_needs_grad(bias, q.device):
             raise BackendUnsupportedError(f"bias {type(bias).__name__} needs a gradient, which context parallel "
                                           "attention does not compute; freeze it (requires_grad_(False)).")
-        if bias.num_heads != H:
-            raise AttnkitValueError(f"bias {type(bias).__name__} was built for {bias.num_heads} heads but q has {H}; "
-                                    f"build it with num_heads={H}.")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else number(
         scale, "scale", low=0.0, low_open=True, fix="omit it for the default 1/sqrt(head_dim).")
     if softcap is not None:
