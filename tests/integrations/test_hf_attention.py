@@ -68,7 +68,9 @@ def _compare(family: str, ids, am, **kw):
     ref_model = build(family, baseline(family))
     model = build(family, "attnkit")
     model.load_state_dict(ref_model.state_dict())
-    want = _out(ref_model, ids, am, **kw)
+    with Seen() as seen:
+        want = _out(ref_model, ids, am, **kw)
+    assert not seen.calls, f"{family}: the {baseline(family)} reference ran through attnkit"
     with Seen() as seen:
         got = _out(model, ids, am, **kw)
     real = am.bool()
