@@ -35,6 +35,9 @@ ROOT_MIN_LEVEL = 6
 #: same- or lower-level imports the design still forbids: (importer prefix, imported prefix, why)
 FORBIDDEN = [
     ("attnkit.training", "attnkit.bench", "the trainer must not depend on the benchmarks (shared timing: attnkit._timing)"),
+    ("attnkit.diagnostics", "attnkit.training",
+     "the doctor and the report read run folders without the trainer (verified checkpoints, the byte tokenizer and "
+     "metrics.jsonl: attnkit.models.io)"),
 ]
 
 
@@ -108,3 +111,14 @@ def test_the_reader_sees_every_import_form(tmp_path, monkeypatch):
     names = [name for _, name in _imports(fake)]
     assert names == ["attnkit.bench.common", "attnkit.diagnostics", "attnkit.labs", "attnkit.cli"]
     assert all(LEVELS[_part(n)] > LEVELS["training"] for n in names)
+
+
+def test_a_forbidden_pair_is_caught(tmp_path, monkeypatch):
+    # the FORBIDDEN rules can fail: a diagnostics module loading a run through the trainer is reported
+    fake = tmp_path / "attnkit" / "diagnostics" / "fake.py"
+    fake.parent.mkdir(parents=True)
+    fake.write_text("def load(path):\n    from attnkit.training.loop import load_model\n    return load_model(path)\n")
+    monkeypatch.setattr(__import__(__name__), "SRC", tmp_path / "attnkit")
+    with pytest.raises(AssertionError, match=r"line 2: attnkit.training.loop: the doctor and the report read run "
+                                             r"folders without the trainer"):
+        test_imports_go_down(fake)

@@ -72,6 +72,9 @@ def build(name: str, world: int) -> Case:
     if name == "alibi_causal_mqa_ring":
         q, k, v = _tensors(4, B, H, 1, L, D)
         return Case(q, k, v, causal, ak.positions.ALiBi(H), akd.zigzag(L, world), "ring")
+    if name == "alibi_per_row_ring":  # slopes per (batch row, head): the kernel must pass the row index b
+        slopes = torch.rand(B, H, generator=torch.Generator().manual_seed(6)) * 0.5 + 0.05  # (B, H)
+        return Case(q, k, v, causal, ak.positions.ALiBi(H, slopes), akd.zigzag(L, world), "ring")
     if name in ("document", "document_ring"):
         ids = _docs(L)
         starts = torch.cat([torch.ones(1, dtype=torch.bool), ids[1:] != ids[:-1]])  # (L,) token opens a doc
@@ -102,7 +105,7 @@ def build(name: str, world: int) -> Case:
 
 
 NAMES = ["causal_zigzag", "causal_contiguous_all_gather", "window_ring", "window_alibi_gqa",
-         "alibi_causal_mqa_ring", "document", "document_ring", "padding_causal", "padding_empty_row",
+         "alibi_causal_mqa_ring", "alibi_per_row_ring", "document", "document_ring", "padding_causal", "padding_empty_row",
          "empty_shard", "bidirectional_softcap_gqa", "chunked"]
 
 

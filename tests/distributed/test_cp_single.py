@@ -87,10 +87,11 @@ def test_merge_is_exact_and_empty_parts_weigh_nothing():
 
 @pytest.mark.parametrize("mask", [None, ak.masks.causal(), ak.masks.sliding_window(5),
                                   ak.masks.padding([29, 3]) & ak.masks.causal()], ids=repr)
-@pytest.mark.parametrize("alibi", [False, True])
+@pytest.mark.parametrize("alibi", [None, "per_head", "per_row"])
 def test_one_process_equals_reference(mask, alibi):
     q, k, v = _qkv()
-    bias = ak.positions.ALiBi(4) if alibi else None
+    slopes = torch.rand(2, 4, generator=torch.Generator().manual_seed(3)) * 0.5 + 0.05  # (B, H): per row and head
+    bias = None if alibi is None else ak.positions.ALiBi(4, slopes if alibi == "per_row" else None)
     golden = run_with_grads(lambda *t: ak.reference_attention(*t, mask, bias=bias), [t.double() for t in (q, k, v)])
     ref32 = run_with_grads(lambda *t: ak.reference_attention(*t, mask, bias=bias), [q, k, v])
     got = run_with_grads(lambda *t: akd.context_parallel_attention(*t, mask, bias=bias, tile=8), [q, k, v])
@@ -149,6 +150,11 @@ def test_errors_name_the_argument_and_the_fix():
         akd.context_parallel_attention(q, k, v, bias=alibi)
     with pytest.raises(ValueError, match="was built for 2 heads but q has 4"):
         akd.context_parallel_attention(q, k, v, bias=ak.positions.ALiBi(2))
+    with pytest.raises(ValueError, match=r"has per-row terms for batch 3 but q has batch 2; give it one row of slopes"):
+        akd.context_parallel_attention(q, k, v, bias=ak.positions.ALiBi(4, torch.ones(3, 4)))
+    per_row = ak.positions.ALiBi(4, torch.nn.Parameter(torch.ones(2, 4)))
+    with pytest.raises(NotImplementedError, match="ALiBi needs a gradient, which context parallel attention does not"):
+        akd.context_parallel_attention(q, k, v, bias=per_row)  # the probe passes b: it asks, it does not crash
     with pytest.raises(TypeError, match="positions must be an integer tensor"):
         akd.context_parallel_attention(q, k, v, positions=torch.zeros(29))
     with pytest.raises(ValueError, match=r"positions must have shape \(29,\) or \(2, 29\)"):
@@ -203,3 +209,47 @@ def test_gradient_checkpointing_is_refused():
     model.gradient_checkpointing = True
     with pytest.raises(NotImplementedError, match="with gradient checkpointing"):
         akd.check_model(model)
+
+
+# ----------------------------------------------------------------------------- one plan per forward
+
+
+def _count_plans(monkeypatch) -> list:
+    from attnkit.distributed import attention
+
+    built, original = [], attention.build_plan
+    monkeypatch.setattr(attention, "build_plan", lambda *a, **kw: built.append(a[2]) or original(*a, **kw))
+    return built
+
+
+def test_a_models_layers_share_one_plan_per_forward(monkeypatch):
+    """The plan (who needs which shard, the tiles) is built once per forward and pattern, not once per layer."""
+    from attnkit.models.builders import build_lm
+
+    torch.manual_seed(0)
+    model = build_lm("nano", n_layers=3)
+    tokens = torch.randint(0, 200, (2, 21))
+    expected = model(tokens)
+    built = _count_plans(monkeypatch)
+    for forward in (1, 2):
+        with akd.sharded(akd.contiguous(21, 1), None, modules=model):
+            got = model(tokens)
+        assert len(built) == forward, f"{len(built)} plans after {forward} forward(s) of a 3-layer model"
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+    akd.context_parallel_attention(*_qkv(), ak.masks.causal())  # a direct call: no memo, its own plan
+    assert len(built) == 3
+
+
+def test_a_kept_plan_serves_only_its_scope():
+    """One prepared mask used in two scopes with different row masks: each gets its own plan and bound mask
+    (a memo keyed on the prepared mask alone would serve the first scope's documents to the second)."""
+    q, k, v = _qkv()
+    prepared = ak.masks.prepare(ak.masks.causal(), 29, batch=2)
+    for ids in (torch.tensor([0] * 10 + [1] * 19), torch.tensor([0] * 20 + [1] * 9)):
+        documents = ak.masks.document(ids[None].expand(2, -1))
+        golden = ak.reference_attention(q.double(), k.double(), v.double(), ak.masks.causal() & documents)
+        ref32 = ak.reference_attention(q, k, v, ak.masks.causal() & documents)
+        with akd.sharded(akd.contiguous(29, 1), documents):
+            for _ in range(2):  # the second call is served from the prepared mask's memo
+                got = ak.attention(q, k, v, prepared, backend="context_parallel")
+                assert_within_rule(got, ref32, golden)

@@ -6,6 +6,8 @@ diff <= 1e-5 as the issue asks.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 from hf_tiny import DECODERS, FAMILIES, VOCAB, WINDOW, baseline, build
@@ -66,7 +68,9 @@ def _compare(family: str, ids, am, **kw):
     ref_model = build(family, baseline(family))
     model = build(family, "attnkit")
     model.load_state_dict(ref_model.state_dict())
-    want = _out(ref_model, ids, am, **kw)
+    with Seen() as seen:
+        want = _out(ref_model, ids, am, **kw)
+    assert not seen.calls, f"{family}: the {baseline(family)} reference ran through attnkit"
     with Seen() as seen:
         got = _out(model, ids, am, **kw)
     real = am.bool()
@@ -255,12 +259,15 @@ def test_gpt_oss_sinks_through_attnkit_equal_eager():
         for layer in ref.model.layers:
             layer.self_attn.sinks.normal_(0.0, 2.0)  # sinks that take real mass (they start at 0)
     ref.set_attn_implementation("eager")
-    model = tf.GptOssForCausalLM(cfg).eval()
+    model = tf.GptOssForCausalLM(copy.deepcopy(cfg)).eval()  # its own config: set_attn_implementation writes there
     model.load_state_dict(ref.state_dict())
     model.set_attn_implementation("attnkit")
     ids = torch.randint(0, VOCAB, (2, 9))
-    with torch.no_grad():
-        want, got = ref(ids).logits, model(ids).logits
+    with torch.no_grad(), Seen() as seen:
+        want = ref(ids).logits
+        assert not seen.calls, "the eager reference ran through attnkit"
+        got = model(ids).logits
+    assert len(seen.calls) == cfg.num_hidden_layers and all(c.sinks is not None for c in seen.calls)
     err = (got - want).abs().max().item()
     assert err <= TOL, f"gpt-oss with sinks: attnkit vs eager {err:.3g}"
 

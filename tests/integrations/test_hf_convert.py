@@ -11,7 +11,8 @@ from attnkit.integrations.hf.convert import config_from_hf, from_hf, to_hf, to_h
 from attnkit.models.generation import generate
 
 TOL = 1e-5
-CONVERTIBLE = ["gpt2", "llama", "mistral", "qwen2", "llama-yarn", "llama-linear", "llama-untied", "bert"]
+CONVERTIBLE = ["gpt2", "llama", "mistral", "qwen2", "llama-yarn", "llama-linear", "llama-llama3", "llama-untied",
+               "bert"]
 
 
 def _model(name: str):
@@ -20,6 +21,8 @@ def _model(name: str):
     variants = {
         "llama-yarn": ("llama", {"rope_parameters": {"rope_type": "yarn", "factor": 4.0, **scaled}}),
         "llama-linear": ("llama", {"rope_parameters": {"rope_type": "linear", "factor": 4.0, **scaled}}),
+        "llama-llama3": ("llama", {"rope_parameters": {"rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0,
+                                                       "high_freq_factor": 4.0, **scaled}}),
         "llama-untied": ("llama", {"tie_word_embeddings": False}),
     }
     family, overrides = variants.get(name, (name, {}))
@@ -61,7 +64,8 @@ def _ours(model, family, ids, am):
 def test_converted_model_matches_transformers(name, padding):
     family, hf = _model(name)
     model = from_hf(hf)
-    length = 40 if "yarn" in name or "linear" in name else 13  # beyond original_max_position_embeddings = 8
+    scaled = any(kind in name for kind in ("yarn", "linear", "llama3"))
+    length = 40 if scaled else 13  # beyond original_max_position_embeddings = 8
     ids, am = _ids(length, padding)
     want, got = _hf_out(hf, ids, am), _ours(model, family, ids, am)
     err = (got - want)[am.bool()].abs().max().item()
@@ -121,10 +125,8 @@ def test_mistral_generation_crosses_the_window_with_a_sliding_cache():
 
 
 def test_unsupported_configs_are_refused_by_name():
-    hf = build("llama", "sdpa", rope_parameters={"rope_type": "llama3", "factor": 8.0, "rope_theta": 10000.0,
-                                                "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                                                "original_max_position_embeddings": 8})
-    with pytest.raises(BackendUnsupportedError, match="rope_type='llama3' has no exact attnkit form"):
+    hf = build("llama", "sdpa", rope_parameters={"rope_type": "dynamic", "factor": 8.0, "rope_theta": 10000.0})
+    with pytest.raises(BackendUnsupportedError, match="rope_type='dynamic' has no exact attnkit form"):
         from_hf(hf)
     with pytest.raises(BackendUnsupportedError, match="attention_bias=True"):
         from_hf(build("llama", "sdpa", attention_bias=True))

@@ -13,6 +13,7 @@ pytest.importorskip("sentence_transformers")
 
 from attnkit import masks  # noqa: E402
 from attnkit._hooks import add_observer, remove_observer  # noqa: E402
+from attnkit.errors import AttnkitValueError  # noqa: E402
 from attnkit.integrations.hf.sentences import embed, load_encoder, max_length  # noqa: E402
 
 SENTENCES = [
@@ -58,6 +59,15 @@ def test_attnkit_embeddings_equal_the_package_model(package_embeddings):
     err = (got - package_embeddings).abs().max().item()
     assert got.shape == (12, 384)
     assert err <= 1e-5, f"attnkit vs the package's sentence-transformers model: max abs diff {err:.3g}"
+
+
+def test_length_sorted_batches_keep_the_order_and_the_vectors(package_embeddings):
+    model, tokenizer = load_encoder(PATH)
+    got = embed(model, tokenizer, SENTENCES, truncate_to=max_length(PATH), batch_size=5)  # 3 batches, sorted
+    err = (got - package_embeddings).abs().max().item()
+    assert err <= 1e-5, f"batched attnkit vs the package's model: max abs diff {err:.3g}"
+    with pytest.raises(AttnkitValueError, match=r"batch_size must be a positive int or None, got 0; e.g. batch_size"):
+        embed(model, tokenizer, SENTENCES, batch_size=0)
 
 
 def test_embeddings_are_not_trivially_equal(package_embeddings):

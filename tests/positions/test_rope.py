@@ -15,11 +15,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from attnkit.errors import AttnkitTypeError, AttnkitValueError
-from attnkit.positions import LinearScaling, NTKScaling, RoPE, YaRNScaling, convert_rope_layout
-from attnkit.positions.rope import scaling_from_dict
+from attnkit.positions import LinearScaling, Llama3Scaling, NTKScaling, RoPE, YaRNScaling, convert_rope_layout
+from attnkit.positions.rope import rope_inv_freq, scaling_from_dict
 
-SCALINGS = [None, LinearScaling(2.0), NTKScaling(4.0), YaRNScaling(4.0, original_max_positions=64)]
-SCALING_IDS = ["none", "linear", "ntk", "yarn"]
+SCALINGS = [None, LinearScaling(2.0), NTKScaling(4.0), YaRNScaling(4.0, original_max_positions=64),
+            Llama3Scaling(8.0, original_max_positions=64)]
+SCALING_IDS = ["none", "linear", "ntk", "yarn", "llama3"]
 
 
 def golden_rope(x: torch.Tensor, positions: torch.Tensor, base: float, style: str) -> torch.Tensor:
@@ -262,6 +263,30 @@ def test_scaling_dicts():
     assert deepseek.attention_factor == pytest.approx(expected)
     rope = RoPE(8, scaling={"rope_type": "linear", "factor": 2.0})
     assert rope.scaling == LinearScaling(2.0)
+    llama3 = scaling_from_dict({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                "original_max_position_embeddings": 8192, "rope_theta": 5e5}, 5e5)
+    assert llama3 == Llama3Scaling(8.0, 8192, low_freq_factor=1.0, high_freq_factor=4.0)
+
+
+def test_llama3_scaling_keeps_high_interpolates_low_and_blends_between():
+    """The three bands, against the formula written out per pair in float64 (an invariant, not HF)."""
+    D, base, original, factor = 64, 10000.0, 64, 8.0
+    plain = rope_inv_freq(D, base, dtype=torch.float64)
+    scaled = rope_inv_freq(D, base, Llama3Scaling(factor, original), dtype=torch.float64)
+    bands = {"keep": 0, "interpolate": 0, "blend": 0}
+    for f, g in zip(plain.tolist(), scaled.tolist()):
+        wavelength = 2 * math.pi / f
+        if wavelength < original / 4.0:
+            bands["keep"] += 1
+            assert g == f
+        elif wavelength > original / 1.0:
+            bands["interpolate"] += 1
+            assert g == pytest.approx(f / factor, rel=1e-15)
+        else:
+            bands["blend"] += 1
+            s = (original / wavelength - 1.0) / (4.0 - 1.0)
+            assert g == pytest.approx((1 - s) * f / factor + s * f, rel=1e-15)
+    assert all(bands.values()), bands  # the test covers every band
 
 
 # ---------------------------------------------------------------------------------------- Hugging Face agreement
@@ -272,10 +297,14 @@ HF_PARAMETERS = [
     ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, "rope_theta": 10000.0}, 256),
     ({"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32, "rope_theta": 500000.0,
       "beta_fast": 16.0, "beta_slow": 2.0, "truncate": False}, 256),
+    # original 64, D = 32, base 1e4: wavelengths 6.3 .. 5.6e3 put pairs in all three llama3 bands
+    ({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+      "original_max_position_embeddings": 64, "rope_theta": 10000.0}, 256),
 ]
 
 
-@pytest.mark.parametrize("params,max_positions", HF_PARAMETERS, ids=["default", "linear", "yarn", "yarn-untruncated"])
+@pytest.mark.parametrize("params,max_positions", HF_PARAMETERS,
+                         ids=["default", "linear", "yarn", "yarn-untruncated", "llama3"])
 def test_agrees_with_transformers_llama_rotary(params, max_positions):
     pytest.importorskip("transformers", reason="transformers is the external oracle for LLaMA's RoPE")
     from transformers import LlamaConfig
@@ -337,6 +366,12 @@ def test_constructor_errors(kwargs, error, match):
      r"beta_fast must be greater than beta_slow, got beta_fast=1.0, beta_slow=2.0; use the paper's defaults"),
     (lambda: YaRNScaling(4.0, 64, attention_factor=0.0), AttnkitValueError,
      r"attention_factor must be > 0.0, got 0.0; omit it"),
+    (lambda: Llama3Scaling(0.5, 64), AttnkitValueError, r"Llama3Scaling.factor must be >= 1.0, got 0.5"),
+    (lambda: Llama3Scaling(8.0, 64.0), AttnkitTypeError, r"original_max_positions must be an int, got 64.0"),
+    (lambda: Llama3Scaling(8.0, 64, low_freq_factor=0.0), AttnkitValueError, r"low_freq_factor must be > 0.0"),
+    (lambda: Llama3Scaling(8.0, 64, high_freq_factor=-1.0), AttnkitValueError, r"high_freq_factor must be > 0.0"),
+    (lambda: Llama3Scaling(8.0, 64, low_freq_factor=4.0, high_freq_factor=1.0), AttnkitValueError,
+     r"high_freq_factor must be greater than low_freq_factor, got high_freq_factor=1.0, low_freq_factor=4.0"),
 ])
 def test_scaling_errors(make, error, match):
     with pytest.raises(error, match=match):
@@ -350,7 +385,8 @@ def test_scaling_errors(make, error, match):
     ({"rope_type": "default", "partial_rotary_factor": 0.5}, r"partial_rotary_factor=0.5.*build RoPE\(head_dim="),
     ({"rope_type": "linear"}, r"type 'linear' needs a 'factor' key"),
     ({"rope_type": "yarn", "factor": 4.0}, r"type 'yarn' needs 'original_max_position_embeddings'"),
-    ({"rope_type": "llama3", "factor": 8.0}, r"type 'llama3', which attnkit's RoPE does not implement; use one of"),
+    ({"rope_type": "dynamic", "factor": 8.0}, r"type 'dynamic', which attnkit's RoPE does not implement; use one of"),
+    ({"rope_type": "llama3", "factor": 8.0}, r"type 'llama3' needs 'original_max_position_embeddings'"),
 ])
 def test_scaling_dict_errors(params, match):
     with pytest.raises(AttnkitValueError, match=match):

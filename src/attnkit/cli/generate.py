@@ -28,8 +28,7 @@ def run(args) -> int:
 
     from attnkit.integrations.runs import run_tokenizer
     from attnkit.models.generation import generate, stream_generate
-    from attnkit.training.data import ByteTokenizer
-    from attnkit.training.loop import load_model
+    from attnkit.models.io import ByteTokenizer, load_model
 
     model = load_model(args.checkpoint, args.device)
     tok = run_tokenizer(args.checkpoint) or ByteTokenizer()  # a converted run speaks its model's tokens

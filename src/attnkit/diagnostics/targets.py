@@ -17,6 +17,7 @@ from pathlib import Path
 
 from attnkit.errors import AttnkitValueError, EnvironmentUnsupportedError
 from attnkit.integrations.remote_code import RemoteCodeRefused, read_config  # noqa: F401  (re-exported)
+from attnkit.models.io import is_checkpoint_or_run, load_model
 
 HF_TINY = {
     "hf-gpt2-tiny": ("GPT2Config", "GPT2LMHeadModel",
@@ -49,25 +50,6 @@ def hf_tiny(name: str):
     return getattr(tf, model_cls)(getattr(tf, config_cls)(**kwargs)).eval()
 
 
-def is_attnkit_run(path: Path) -> bool:
-    """An attnkit run folder (``checkpoints/``, or the ``config.json`` the trainer writes) or checkpoint folder."""
-    if (path / "state.json").is_file() or (path / "checkpoints").is_dir():
-        return True
-    config = _read_json(path / "config.json")
-    return isinstance(config, dict) and {"train", "model"} <= set(config) and "model_type" not in config
-
-
-def _read_json(path: Path):
-    import json
-
-    if not path.is_file():
-        return None
-    try:
-        return json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return None
-
-
 def load_hf_folder(path: Path, *, encoder: bool = False):
     """``(model, fresh)`` for a Hugging Face folder, never running its code: ``trust_remote_code=False`` and
     a config with ``auto_map`` (custom modelling code in the folder) is refused with :class:`RemoteCodeRefused`."""
@@ -95,10 +77,8 @@ def load_target(target: str, *, encoder: bool = False):
     path = Path(target)
     if path.is_file() and path.name == "config.json":
         path = path.parent
-    if path.is_dir() and is_attnkit_run(path):
-        from attnkit.training.loop import load_model
-
-        return load_model(path).eval(), False
+    if path.is_dir() and is_checkpoint_or_run(path):
+        return load_model(path), False
     if (path / "config.json").is_file():
         return load_hf_folder(path, encoder=encoder)
     raise AttnkitValueError(

@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from attnkit._bias import StructuredBias
 from attnkit._checks import number, positive_int
-from attnkit._validation import check_tensors
+from attnkit._validation import bias_needs_grad, check_bias, check_tensors
 from attnkit.distributed.comm import Comm, Recv, Send
 from attnkit.distributed.kernel import TileKernel, acc_dtype
 from attnkit.distributed.layout import ShardLayout, contiguous
@@ -245,7 +245,7 @@ class CPExplanation:
                 f"forward K/V bytes (all ranks): {b['strategy']} (minimum {b['minimum']})")
 
 
-def _prepare(q, k, v, mask, bias, scale, softcap, positions, layout, group, strategy, tile):
+def _prepare(q, k, v, mask, bias, scale, softcap, positions, layout, group, strategy, tile, memo=None):
     check_tensors(q, k, v)
     if strategy not in STRATEGIES:
         raise AttnkitValueError(f"strategy must be one of {STRATEGIES}, got {strategy!r}; use 'auto' to let "
@@ -276,13 +276,10 @@ def _prepare(q, k, v, mask, bias, scale, softcap, positions, layout, group, stra
                 f"context parallel attention takes a structured bias (ak.positions.ALiBi) evaluated from global "
                 f"positions, got bias={describe(bias)}; a dense (B, H, L, L) bias has no shard to split - express "
                 "it as a StructuredBias.")
-        zero = torch.zeros((), dtype=torch.long, device=q.device)
-        if torch.is_grad_enabled() and bias.score(zero, zero, zero).requires_grad:
+        check_bias(bias, (B, H, L, L), H)  # heads, and per-row terms (ALiBi slopes (B, H)) for this batch
+        if bias_needs_grad(bias, q.device):
             raise BackendUnsupportedError(f"bias {type(bias).__name__} needs a gradient, which context parallel "
                                           "attention does not compute; freeze it (requires_grad_(False)).")
-        if bias.num_heads != H:
-            raise AttnkitValueError(f"bias {type(bias).__name__} was built for {bias.num_heads} heads but q has {H}; "
-                                    f"build it with num_heads={H}.")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else number(
         scale, "scale", low=0.0, low_open=True, fix="omit it for the default 1/sqrt(head_dim).")
     if softcap is not None:
@@ -291,9 +288,13 @@ def _prepare(q, k, v, mask, bias, scale, softcap, positions, layout, group, stra
     ctx = MaskContext(pos.expand(B, -1), pos.expand(B, -1))
     if mask is not None and mask.heads not in (1, H):
         raise AttnkitValueError(f"mask distinguishes {mask.heads} heads but q has {H}; give it 1 or {H} heads.")
-    plan = build_plan(mask, ctx, layout, comm.rank, tile)
+
+    def bind():  # what the mask, the global positions, the layout, the rank and the tile determine
+        return build_plan(mask, ctx, layout, comm.rank, tile), None if mask is None else mask.bind(ctx)
+
+    plan, mask_fn = bind() if memo is None else memo(bind)
     chosen, reason = choose(plan, H, Hkv, strategy)
-    kernel = TileKernel(mask_fn=None if mask is None else mask.bind(ctx), mask_heads=mask.heads if mask else 1,
+    kernel = TileKernel(mask_fn=mask_fn, mask_heads=mask.heads if mask else 1,
                         bias=bias, positions=pos, scale=scale, softcap=softcap, batch=B, num_heads=H)
     run = _Run(comm, plan, kernel, layout.index(comm.rank, q.device),
                [layout.index(s, q.device) for s in range(layout.world)], k.shape[-1])
@@ -325,7 +326,7 @@ def _gathered_contiguous(local_len: int, comm: Comm) -> ShardLayout:
 
 def context_parallel_attention(q, k, v, mask=None, *, bias=None, scale=None, softcap=None, positions=None,
                                layout: ShardLayout | None = None, group=None, strategy: str = "auto",
-                               tile: int = 256, return_lse: bool = False):
+                               tile: int = 256, return_lse: bool = False, memo=None):
     """Attention over a sequence split across the ranks of ``group``; equal to one process's attention.
 
     Args:
@@ -341,11 +342,15 @@ def context_parallel_attention(q, k, v, mask=None, *, bias=None, scale=None, sof
         strategy: "auto", "ring" or "all_gather" (see :func:`explain`).
         tile: queries/keys per tile of the local compute (memory ``B * H * tile^2`` floats per tile).
         return_lse: also return the row log-sum-exp ``(B, H, L_r)`` float32 (``-inf`` for rows with no key).
+        memo: where the plan (who needs which shard, the tiles) and the bound mask are kept for the rest of a
+            forward: ``memo(build)`` returns ``build()``, built once. Pass it only for calls whose mask,
+            positions, layout, group and tile are the same objects, unchanged (the :func:`sharded` scope passes
+            its prepared mask's memo, so a model's layers share one plan per forward); None builds it per call.
 
     Returns:
         ``(B, H, L_r, Dv)`` in q's dtype (rows with no visible key give 0), or ``(out, lse)``.
     """
-    run, chosen, _, _ = _prepare(q, k, v, mask, bias, scale, softcap, positions, layout, group, strategy, tile)
+    run, chosen, _, _ = _prepare(q, k, v, mask, bias, scale, softcap, positions, layout, group, strategy, tile, memo)
     out, lse = _FUNCTIONS[chosen].apply(q, k, v, run)
     return (out, lse) if return_lse else out
 

@@ -100,7 +100,7 @@ class TileKernel:
         if self.bias is not None:
             q_pos = self.positions[:, qi].view(-1, 1, lq, 1)  # (B|1, 1, lq, 1)
             kv_pos = self.positions[:, ki].view(-1, 1, 1, lk)  # (B|1, 1, 1, lk)
-            s = s + self.bias.score(self.h_bias, q_pos, kv_pos).to(s.dtype)
+            s = s + self.bias.score(self.h_bias, q_pos, kv_pos, b=self.b).to(s.dtype)  # b: per-row terms
         if not full and self.mask_fn is not None:
             allowed = self.mask_fn(self.b, self.h_mask, qi.view(1, 1, lq, 1), ki.view(1, 1, 1, lk))
             s = s.masked_fill(~allowed, float("-inf"))

@@ -32,7 +32,7 @@ from attnkit.errors import AttnkitValueError, BackendUnsupportedError
 from attnkit.masks import MaskSpec
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # compared and hashed by identity: one scope, one forward
 class Scope:
     layout: ShardLayout
     mask: MaskSpec | None  # over the global sequence, and-ed to each layer's own mask
@@ -101,9 +101,13 @@ class ContextParallelBackend:
         scope = _SCOPES[-1]
         parts = [m for m in (call.mask, scope.mask) if m is not None]
         mask = None if not parts else parts[0] if len(parts) == 1 else parts[0] & parts[1]
+        # the plan depends on the layer's mask (its prepared mask: one per forward, shared by the layers of a
+        # pattern), the batch, and this scope (mask, positions, layout, group): kept in the prepared mask per scope
+        memo = None if call.prepared is None else (
+            lambda build: call.prepared.memo(("context_parallel", scope, call.q.shape[0]), build))
         return context_parallel_attention(call.q, call.k, call.v, mask, bias=call.bias, scale=call.scale,
                                           softcap=call.softcap, positions=scope.positions, layout=scope.layout,
-                                          group=scope.group, strategy=scope.strategy)
+                                          group=scope.group, strategy=scope.strategy, memo=memo)
 
 
 register(ContextParallelBackend())

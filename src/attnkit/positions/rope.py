@@ -11,7 +11,8 @@ Pairing styles (docs/conventions.md):
 
 The two styles give the same model up to a permutation of the q/k projection rows; :func:`convert_rope_layout`
 applies it. Scaling for contexts beyond the trained length is a frozen dataclass (:class:`LinearScaling`,
-:class:`NTKScaling`, :class:`YaRNScaling`) or a Hugging Face style ``rope_scaling``/``rope_parameters`` dict.
+:class:`NTKScaling`, :class:`YaRNScaling`, :class:`Llama3Scaling`) or a Hugging Face style
+``rope_scaling``/``rope_parameters`` dict.
 
 Precision: angles, cos/sin and the rotation are computed in float32 (float64 when ``x`` is float64) and the
 result is cast back to ``x.dtype``. float32 angles are exact for positions below 2**24; their error grows like
@@ -128,21 +129,63 @@ class YaRNScaling:
         return max(low, 0), min(high, head_dim - 1)
 
 
+@dataclass(frozen=True)
+class Llama3Scaling:
+    """LLaMA 3.1's frequency-dependent interpolation, as Hugging Face's ``_compute_llama3_parameters``.
+
+    With ``wavelength = 2 pi / inv_freq``: pairs whose wavelength is shorter than
+    ``original_max_positions / high_freq_factor`` keep their frequency; pairs longer than
+    ``original_max_positions / low_freq_factor`` are interpolated (``inv_freq / factor``); in between,
+    ``s = (original_max_positions / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)``
+    blends them: ``(1 - s) * inv_freq / factor + s * inv_freq``. No attention factor (cos and sin unscaled).
+    """
+
+    factor: float
+    original_max_positions: int
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+
+    def __post_init__(self):
+        number(self.factor, "Llama3Scaling.factor", low=1.0,
+               fix="use factor = target context length / original_max_positions (>= 1; LLaMA 3.1 uses 8).")
+        integer(self.original_max_positions, "Llama3Scaling.original_max_positions", low=1,
+                fix="give the context length the model was trained with (LLaMA 3.1: 8192).")
+        number(self.low_freq_factor, "Llama3Scaling.low_freq_factor", low=0.0, low_open=True,
+               fix="use LLaMA 3.1's low_freq_factor=1, high_freq_factor=4.")
+        number(self.high_freq_factor, "Llama3Scaling.high_freq_factor", low=0.0, low_open=True,
+               fix="use LLaMA 3.1's low_freq_factor=1, high_freq_factor=4.")
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise AttnkitValueError(
+                f"Llama3Scaling.high_freq_factor must be greater than low_freq_factor, got high_freq_factor="
+                f"{self.high_freq_factor}, low_freq_factor={self.low_freq_factor}; use LLaMA 3.1's 4 and 1."
+            )
+
+    def scale(self, inv_freq: torch.Tensor) -> torch.Tensor:
+        """The scaled inverse frequencies ``(D/2,)`` of unscaled ``inv_freq`` ``(D/2,)``."""
+        wavelength = 2 * math.pi / inv_freq  # (D/2,)
+        smooth = ((self.original_max_positions / wavelength - self.low_freq_factor)
+                  / (self.high_freq_factor - self.low_freq_factor)).clamp(0, 1)  # (D/2,) 0: interpolate, 1: keep
+        # clamp reproduces HF's three cases: s >= 1 exactly where wavelength <= original / high_freq_factor (keep),
+        # s <= 0 where wavelength >= original / low_freq_factor (interpolate)
+        return (1 - smooth) * inv_freq / self.factor + smooth * inv_freq
+
+
 def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
     return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
-RopeScaling = LinearScaling | NTKScaling | YaRNScaling
+RopeScaling = LinearScaling | NTKScaling | YaRNScaling | Llama3Scaling
 
 _DICT_KEYS = {"type", "rope_type", "factor", "rope_theta", "partial_rotary_factor", "original_max_position_embeddings",
               "original_max_positions", "beta_fast", "beta_slow", "attention_factor", "mscale", "mscale_all_dim",
-              "truncate"}
+              "truncate", "low_freq_factor", "high_freq_factor"}
 
 
 def scaling_from_dict(params: Mapping, base: float) -> RopeScaling | None:
     """Convert a Hugging Face ``rope_scaling`` / ``rope_parameters`` dict to a scaling dataclass.
 
-    Accepts ``"type"`` or ``"rope_type"`` in ``default``, ``linear``, ``ntk`` (static NTK-aware) and ``yarn``;
+    Accepts ``"type"`` or ``"rope_type"`` in ``default``, ``linear``, ``ntk`` (static NTK-aware), ``yarn`` and
+    ``llama3``;
     ``rope_theta``, when present, must equal ``base``. Keys whose value is ``None`` count as absent.
     """
     params = {key: value for key, value in params.items() if value is not None}
@@ -169,11 +212,14 @@ def scaling_from_dict(params: Mapping, base: float) -> RopeScaling | None:
         return LinearScaling(factor)
     if kind == "ntk":
         return NTKScaling(factor)
+    original = params.get("original_max_position_embeddings", params.get("original_max_positions"))
+    if kind in ("yarn", "llama3") and original is None:
+        raise AttnkitValueError(f"scaling dict of type {kind!r} needs 'original_max_position_embeddings' (the "
+                                f"trained context length), got {dict(params)}; add it, e.g. 4096.")
+    if kind == "llama3":
+        return Llama3Scaling(factor, original, low_freq_factor=params.get("low_freq_factor", 1.0),
+                             high_freq_factor=params.get("high_freq_factor", 4.0))
     if kind == "yarn":
-        original = params.get("original_max_position_embeddings", params.get("original_max_positions"))
-        if original is None:
-            raise AttnkitValueError("scaling dict of type 'yarn' needs 'original_max_position_embeddings' (the "
-                                    f"trained context length), got {dict(params)}; add it, e.g. 4096.")
         attention_factor = params.get("attention_factor")
         if attention_factor is None and params.get("mscale") and params.get("mscale_all_dim"):
             # DeepSeek-style: ratio of two mscale curves, exactly as Hugging Face infers it.
@@ -183,17 +229,17 @@ def scaling_from_dict(params: Mapping, base: float) -> RopeScaling | None:
                            truncate=bool(params.get("truncate", True)))
     raise AttnkitValueError(
         f"scaling dict has type {kind!r}, which attnkit's RoPE does not implement; use one of 'default', 'linear', "
-        "'ntk' (static NTK-aware) or 'yarn' ('dynamic', 'llama3' and 'longrope' are not supported)."
+        "'ntk' (static NTK-aware), 'yarn' or 'llama3' ('dynamic' and 'longrope' are not supported)."
     )
 
 
 def _as_scaling(scaling: object, base: float) -> RopeScaling | None:
-    if scaling is None or isinstance(scaling, (LinearScaling, NTKScaling, YaRNScaling)):
+    if scaling is None or isinstance(scaling, (LinearScaling, NTKScaling, YaRNScaling, Llama3Scaling)):
         return scaling
     if isinstance(scaling, Mapping):
         return scaling_from_dict(scaling, base)
     raise AttnkitTypeError(
-        f"scaling must be None, LinearScaling, NTKScaling, YaRNScaling or a rope_scaling dict, got "
+        f"scaling must be None, LinearScaling, NTKScaling, YaRNScaling, Llama3Scaling or a rope_scaling dict, got "
         f"{describe(scaling)}; e.g. scaling=LinearScaling(4.0) or scaling={{'rope_type': 'linear', 'factor': 4.0}}."
     )
 
@@ -212,6 +258,8 @@ def rope_inv_freq(head_dim: int, base: float, scaling: RopeScaling | None = None
         high = high + 0.001 if low == high else high  # as HF: avoid a zero-width ramp
         ramp = ((torch.arange(head_dim // 2, dtype=torch.float64, device=device) - low) / (high - low)).clamp(0, 1)
         inv_freq = inv_freq / scaling.factor * ramp + inv_freq * (1 - ramp)  # ramp 0: extrapolate, 1: interpolate
+    elif isinstance(scaling, Llama3Scaling):
+        inv_freq = scaling.scale(inv_freq)
     return inv_freq.to(dtype)
 
 
@@ -225,8 +273,8 @@ class RoPE(nn.Module):
         head_dim: D, even.
         base: the wavelength base (``rope_theta``), 10000 in the paper, 500000 in LLaMA 3.
         style: ``"half"`` (default, pairs ``(x[i], x[i + D/2])``) or ``"interleaved"`` (``(x[2i], x[2i+1])``).
-        scaling: None, :class:`LinearScaling`, :class:`NTKScaling`, :class:`YaRNScaling` or a Hugging Face
-            ``rope_scaling`` dict such as ``{"rope_type": "yarn", "factor": 4.0,
+        scaling: None, :class:`LinearScaling`, :class:`NTKScaling`, :class:`YaRNScaling`, :class:`Llama3Scaling`
+            or a Hugging Face ``rope_scaling`` dict such as ``{"rope_type": "yarn", "factor": 4.0,
             "original_max_position_embeddings": 4096}``.
 
     ``inv_freq`` is a non-persistent float32 buffer (rebuilt, not loaded, with a checkpoint). A float64 input

@@ -28,21 +28,9 @@ import numpy as np
 import torch
 
 from attnkit.errors import AttnkitValueError
+from attnkit.models.io import ByteTokenizer  # noqa: F401  (the run's tokens: defined with the run reader)
 
 TEXT_SUFFIXES = (".txt", ".md", ".py", ".rst", ".json", ".c", ".h", ".js", ".html", ".csv", ".tex", ".toml", ".yaml")
-
-
-class ByteTokenizer:
-    """UTF-8 bytes as tokens (0..255) plus ``EOS = 256``; ``vocab_size = 257``."""
-
-    EOS = 256
-    vocab_size = 257
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
-
-    def decode(self, ids) -> str:
-        return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
 
 
 def stdlib_files() -> tuple[Path, list[Path]]:

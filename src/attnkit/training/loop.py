@@ -30,6 +30,7 @@ from attnkit import distributed as cp
 from attnkit import masks
 from attnkit.errors import AttnkitError, AttnkitValueError
 from attnkit.models.builders import PRESETS, lm_config
+from attnkit.models.io import load_model  # noqa: F401  (re-exported: the reader lives with the models)
 from attnkit.models.lm import TransformerLM
 from attnkit.training import checkpoint as ckpt
 from attnkit.training import dist
@@ -579,17 +580,6 @@ def train(config: TrainConfig, *, resume: str | Path | None = None, init_from: s
     trainer = Trainer(config, resume=resume, init_from=init_from, given=given, log=log)
     trainer.hooks = list(hooks)
     return trainer.run()
-
-
-def load_model(path: str | Path, device: str | torch.device = "cpu") -> TransformerLM:
-    """The model of a checkpoint (a checkpoint folder or a run folder: its newest), verified, in eval mode."""
-    where = ckpt.resolve(path)
-    state = ckpt.read_state(where)
-    from attnkit.models.lm import LMConfig
-
-    model = TransformerLM(LMConfig.from_dict(state["model_config"]))
-    ckpt.load_weights(where, model)
-    return model.to(device).eval()
 
 
 def _time_once(fn, precision: str) -> float:

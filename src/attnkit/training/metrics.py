@@ -6,18 +6,7 @@ import hashlib
 import json
 from pathlib import Path
 
-
-def read_metrics(path: str | Path) -> list[dict]:
-    path = Path(path)
-    if not path.exists():
-        return []
-    records = []
-    for line in path.read_text().splitlines():
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut by a kill: drop it
-            break
-    return records
+from attnkit.models.io import read_metrics  # (defined with the run reader: the report reads metrics too)
 
 
 class MetricsWriter:

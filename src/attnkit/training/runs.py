@@ -18,6 +18,7 @@ import shutil
 from pathlib import Path
 
 from attnkit.errors import AttnkitValueError, EnvironmentUnsupportedError
+from attnkit.models.io import is_run_folder
 from attnkit.training import checkpoint as ckpt
 
 LOCK = ".attnkit.lock"
@@ -31,11 +32,6 @@ class RunInUseError(EnvironmentUnsupportedError):
 
 class RunFolderError(AttnkitValueError):
     """The run folder holds something a new run would destroy."""
-
-
-def is_attnkit_run(path: Path) -> bool:
-    """The folder holds an attnkit run: checkpoints, or the config.json the trainer writes (with a run_id)."""
-    return bool(ckpt.list_checkpoints(path)) or ckpt.run_identity(path) is not None
 
 
 class RunFolder:
@@ -88,7 +84,7 @@ class RunFolder:
                     "new one has written its first checkpoint).")
             return
         others = sorted(p.name for p in self.path.iterdir() if p.name not in (LOCK, ASIDE))
-        if others and not is_attnkit_run(self.path) and not overwrite:
+        if others and not is_run_folder(self.path) and not overwrite:
             raise RunFolderError(
                 f"run_dir {str(self.path)!r} is not empty and is not an attnkit run (it holds {others[:5]}); a new run "
                 f"would replace {[n for n in OUTPUTS if n in others] or 'nothing but would mix its files in'}: pick an "

@@ -11,13 +11,13 @@ the HF config sets, and which attnkit parameter each HF tensor becomes. attnkit'
   tanh GELU; tied head.
 - LLaMA / Mistral / Qwen2: separate q/k/v projections fused into ``qkv_proj`` (rows ``[Wq; Wk; Wv]``), GQA,
   RMSNorm, SwiGLU, RoPE in Hugging Face's half-split layout (attnkit's default, so no permutation), RoPE
-  scaling (``linear``, ``yarn``, static ``ntk``), q/k/v biases (Qwen2), sliding windows (Mistral: every layer;
+  scaling (``linear``, ``yarn``, ``llama3``, static ``ntk``), q/k/v biases (Qwen2), sliding windows (Mistral: every layer;
   Qwen2: the layers ``layer_types`` marks).
 - BERT: post-norm blocks, token-type embeddings, an embedding LayerNorm, exact GELU; an encoder
   (``causal=False``), converted one way (its MLM head is not part of attnkit's encoder).
 
 A config attnkit can't reproduce exactly raises :class:`~attnkit.errors.BackendUnsupportedError` naming the
-field and its value (e.g. ``rope_type='llama3'``), never a model that computes something else.
+field and its value (e.g. ``rope_type='dynamic'``), never a model that computes something else.
 
 Shape legend: E hidden size, H heads, Hkv key/value heads, D head dim, F MLP hidden width.
 """
@@ -117,7 +117,7 @@ def _gpt2_hf_config(cfg: LMConfig, model_type: str):
 
 # ------------------------------------------------------------------------------------ LLaMA / Mistral / Qwen2
 
-_ROPE_TYPES = ("default", "linear", "yarn", "ntk")
+_ROPE_TYPES = ("default", "linear", "yarn", "llama3", "ntk")
 
 
 def _rope_scaling(c, model_type: str) -> tuple[float, dict | None]:
@@ -132,7 +132,7 @@ def _rope_scaling(c, model_type: str) -> tuple[float, dict | None]:
     if kind == "default":
         return base, None
     scaling = {k: v for k, v in params.items() if k not in ("rope_theta",)}
-    if kind == "yarn":
+    if kind in ("yarn", "llama3"):
         scaling.setdefault("original_max_position_embeddings",
                            getattr(c, "original_max_position_embeddings", None) or c.max_position_embeddings)
     return base, scaling

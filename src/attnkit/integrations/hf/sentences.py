@@ -49,12 +49,35 @@ def max_length(path: str | Path) -> int | None:
     return json.loads(config.read_text()).get("max_seq_length") if config.is_file() else None
 
 
-def embed(model, tokenizer, sentences: list[str], *, normalize: bool = True, truncate_to: int | None = None):
-    """Unit-length sentence vectors ``(N, E)`` from one right-padded batch of ``sentences``."""
+def embed(model, tokenizer, sentences: list[str], *, normalize: bool = True, truncate_to: int | None = None,
+          batch_size: int | None = None):
+    """Unit-length sentence vectors ``(N, E)`` of ``sentences``, in their order.
+
+    ``batch_size=None`` runs one right-padded batch. With a ``batch_size``, sentences are sorted by token count
+    (longest first, as sentence-transformers' ``encode`` does) and run ``batch_size`` at a time, so each batch is
+    padded only to its own longest sentence; the vectors come back in the order given.
+    """
     if isinstance(sentences, str) or not sentences:
         raise AttnkitValueError(f"sentences must be a non-empty list of strings, got {sentences!r}; wrap a single "
                                 "sentence in a list.")
-    batch = tokenizer(list(sentences), padding=True, truncation=truncate_to is not None, max_length=truncate_to,
+    if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1):
+        raise AttnkitValueError(f"batch_size must be a positive int or None, got {batch_size!r}; e.g. batch_size=32.")
+    sentences = list(sentences)
+    if batch_size is None or batch_size >= len(sentences):
+        return _embed_batch(model, tokenizer, sentences, normalize, truncate_to)
+    counts = [len(ids) for ids in tokenizer(sentences, truncation=truncate_to is not None,
+                                            max_length=truncate_to)["input_ids"]]
+    order = sorted(range(len(sentences)), key=lambda i: -counts[i])
+    parts = [_embed_batch(model, tokenizer, [sentences[i] for i in order[start:start + batch_size]], normalize,
+                          truncate_to) for start in range(0, len(order), batch_size)]
+    out = parts[0].new_empty(len(sentences), parts[0].shape[1])  # (N, E)
+    out[torch.tensor(order, device=out.device)] = torch.cat(parts)  # back to the caller's order
+    return out
+
+
+def _embed_batch(model, tokenizer, sentences: list[str], normalize: bool, truncate_to: int | None) -> torch.Tensor:
+    """``(N, E)`` vectors of one right-padded batch."""
+    batch = tokenizer(sentences, padding=True, truncation=truncate_to is not None, max_length=truncate_to,
                       return_tensors="pt")
     batch = {k: v.to(next(model.parameters()).device) for k, v in batch.items()}
     with torch.no_grad():

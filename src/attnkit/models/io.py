@@ -1,0 +1,258 @@
+"""A run folder read back, trusting nothing: the verified checkpoint, the model it holds, its tokens, its metrics.
+
+The trainer (``attnkit.training``) and ``attnkit convert`` write run folders; everything that only reads one
+(``attnkit doctor``, ``report``, ``generate``, a resume) reads it through this module, so the doctor and the
+report need nothing of the training code. A run folder::
+
+    RUN/config.json                      the trainer's settings and the run's identity (``run_id``)
+    RUN/metrics.jsonl                    one JSON record per step (:func:`read_metrics`)
+    RUN/checkpoints/step_NNNNNNNN/       state.json (the manifest), model.safetensors, optim.safetensors
+
+Reading a checkpoint (:func:`read_state`): only the checkpoint's own regular files under the fixed names
+``state.json``, ``model.safetensors`` and ``optim.safetensors`` are opened (``O_NOFOLLOW``: no symlinks, no
+devices, no FIFOs, no names taken from the manifest); the manifest's own hash, its canonical bytes, the fixed
+file set, the step against the folder name and the run identity against the run folder's ``config.json`` are
+verified, then both file hashes, before any tensor is read. Pickles (``torch.load``) are never used. The
+writer (``attnkit.training.checkpoint.save_checkpoint``) uses this module's format constants and
+:func:`manifest_bytes`, so what is written is what is verified.
+
+>>> from attnkit.models.io import load_model
+>>> model = load_model("runs/demo")          # its newest checkpoint, verified, in eval mode  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import stat
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_model as _load_safetensors_into
+
+from attnkit.errors import AttnkitValueError
+from attnkit.models.config import LMConfig
+from attnkit.models.lm import TransformerLM
+
+FORMAT = "attnkit-checkpoint-2"
+FILES = ("model.safetensors", "optim.safetensors")  # the hashed tensor files, by fixed name
+MANIFEST = "state.json"
+RUN_CONFIG = "config.json"
+MAX_MANIFEST_BYTES = 64 << 20
+STEP_DIR = re.compile(r"^step_(\d{8})$")
+
+
+class CheckpointError(AttnkitValueError):
+    """A checkpoint is missing, truncated or corrupt (the message names the file and what to do)."""
+
+
+# ------------------------------------------------------------------------------------------------ files
+
+
+def open_regular(path: Path):
+    """Open ``path`` for reading only if it is a regular file (no symlink, device, FIFO or folder)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise IsADirectoryError(f"{path} is not a regular file")
+    return os.fdopen(fd, "rb")
+
+
+def sha256_file(path: Path) -> str:
+    """SHA-256 of a regular file (see :func:`open_regular`)."""
+    h = hashlib.sha256()
+    with open_regular(path) as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _canonical(record: dict) -> bytes:
+    return json.dumps(record, indent=1, sort_keys=True, allow_nan=True).encode() + b"\n"
+
+
+def manifest_bytes(record: dict) -> bytes:
+    """The canonical bytes of a manifest, with ``manifest_sha256`` = SHA-256 of the canonical record without it."""
+    body = {k: v for k, v in record.items() if k != "manifest_sha256"}
+    body = json.loads(_canonical(body))  # tuples -> lists, so what is hashed is what a reader parses
+    return _canonical({**body, "manifest_sha256": hashlib.sha256(_canonical(body)).hexdigest()})
+
+
+# ------------------------------------------------------------------------------------------------ finding
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """Finished checkpoint folders of a run, oldest first (temporary folders of interrupted writes ignored)."""
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    return sorted((p for p in root.iterdir() if STEP_DIR.match(p.name) and p.is_dir() and not p.is_symlink()),
+                  key=lambda p: p.name)
+
+
+def run_identity(run_dir: str | Path) -> str | None:
+    """The ``run_id`` the trainer wrote into ``run_dir/config.json`` (None when there is none)."""
+    try:
+        with open_regular(Path(run_dir) / RUN_CONFIG) as f:
+            config = json.loads(f.read(MAX_MANIFEST_BYTES))
+    except (OSError, json.JSONDecodeError, UnicodeDecodeError):
+        return None
+    return config.get("run_id") if isinstance(config, dict) else None
+
+
+def is_run_folder(path: str | Path) -> bool:
+    """The folder holds an attnkit run: checkpoints, or the ``config.json`` the trainer writes (with a run_id).
+    A Hugging Face folder's ``config.json`` has no ``run_id``."""
+    return bool(list_checkpoints(path)) or run_identity(path) is not None
+
+
+def is_checkpoint_or_run(path: str | Path) -> bool:
+    """A run folder (:func:`is_run_folder`) or one of its checkpoint folders (it has a ``state.json``)."""
+    path = Path(path)
+    return (path / MANIFEST).is_file() or is_run_folder(path)
+
+
+def resolve(path: str | Path) -> Path:
+    """A checkpoint folder from a checkpoint folder or a run folder (its newest checkpoint)."""
+    path = Path(path)
+    if (path / MANIFEST).exists() or STEP_DIR.match(path.name):
+        return path
+    found = list_checkpoints(path)
+    if not found:
+        raise CheckpointError(f"no checkpoint found in {str(path)!r}: expected a run folder with checkpoints/step_* "
+                              "or a checkpoint folder; train with `attnkit train --run-dir DIR` first.")
+    return found[-1]
+
+
+# ------------------------------------------------------------------------------------------------ verifying
+
+
+def read_state(ckpt: str | Path) -> dict:
+    """Verify checkpoint ``ckpt`` and return its manifest (see the module docstring for what is checked)."""
+    ckpt = Path(ckpt)
+    previous = [p for p in list_checkpoints(ckpt.parent.parent) if p.name < ckpt.name]
+    hint = (f"the previous checkpoint {previous[-1]} is intact: resume from it with --resume {previous[-1]}, or "
+            "delete the damaged folder." if previous else "no earlier checkpoint exists; restart the run.")
+
+    def fail(problem: str, exc: Exception | None = None):
+        raise CheckpointError(f"checkpoint {str(ckpt)!r}: {problem}; {hint}") from exc
+
+    folder = STEP_DIR.match(ckpt.name)
+    if folder is None:
+        raise CheckpointError(f"{str(ckpt)!r} is not a checkpoint folder: checkpoint folders are named step_NNNNNNNN "
+                              "(8 digits, the step); pass a run folder or one of its checkpoints/step_* folders.")
+    try:
+        with open_regular(ckpt / MANIFEST) as f:
+            raw = f.read(MAX_MANIFEST_BYTES + 1)
+    except FileNotFoundError as exc:
+        fail(f"has no {MANIFEST} (incomplete or not a checkpoint)", exc)
+    except OSError as exc:
+        fail(f"{MANIFEST} is not a regular file ({exc})", exc)
+    if len(raw) > MAX_MANIFEST_BYTES:
+        fail(f"{MANIFEST} is larger than {MAX_MANIFEST_BYTES} bytes (not a manifest attnkit wrote)")
+    try:
+        state = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        fail(f"{MANIFEST} is truncated or corrupt ({exc})", exc)
+    if not isinstance(state, dict) or state.get("format") != FORMAT:
+        found = state.get("format") if isinstance(state, dict) else type(state).__name__
+        fail(f"{MANIFEST} is not an {FORMAT} record (format {found!r})")
+    if not isinstance(state.get("manifest_sha256"), str) or manifest_bytes(state) != raw:
+        fail(f"{MANIFEST} is corrupt: its contents do not match its own manifest_sha256")
+    if not isinstance(state.get("sha256"), dict) or sorted(state["sha256"]) != sorted(FILES):
+        fail(f"{MANIFEST} must record the SHA-256 of exactly {list(FILES)}, it records {sorted(state.get('sha256') or [])}")
+    if state.get("step") != int(folder.group(1)) or isinstance(state.get("step"), bool):
+        fail(f"{MANIFEST} records step {state.get('step')!r} but the folder is {ckpt.name} (step {int(folder.group(1))})")
+    _check_run_identity(ckpt, state, fail)
+    for name in FILES:
+        try:
+            got = sha256_file(ckpt / name)
+        except FileNotFoundError as exc:
+            fail(f"is missing {name}", exc)
+        except OSError as exc:
+            fail(f"{name} is not a regular file ({exc})", exc)
+        if got != state["sha256"][name]:
+            fail(f"{name} is corrupt or truncated (sha256 {got[:12]}... != recorded {str(state['sha256'][name])[:12]}...)")
+    return state
+
+
+def _check_run_identity(ckpt: Path, state: dict, fail) -> None:
+    """A checkpoint inside ``RUN/checkpoints/`` must belong to RUN (the run_id in RUN/config.json)."""
+    if ckpt.parent.name != "checkpoints":
+        return
+    expected = run_identity(ckpt.parent.parent)
+    if expected is not None and state.get("run_id") != expected:
+        fail(f"belongs to another run (run_id {state.get('run_id')!r}, this run folder is {expected!r}); a "
+             "checkpoint copied in from elsewhere is never adopted - start a new run from it with --init-from")
+
+
+# ------------------------------------------------------------------------------------------------ loading
+
+
+def load_weights(ckpt: str | Path, model: torch.nn.Module) -> dict:
+    """Verify ``ckpt`` and load its weights into ``model`` (strict); return the state record."""
+    state = read_state(ckpt)
+    _check_shapes(Path(ckpt) / FILES[0], model, ckpt)
+    missing, unexpected = _load_safetensors_into(model, str(Path(ckpt) / FILES[0]), strict=False)
+    if missing or unexpected:
+        raise CheckpointError(f"checkpoint {str(ckpt)!r} does not match the model: missing {sorted(missing)[:5]}, "
+                              f"unexpected {sorted(unexpected)[:5]}; build the model from the checkpoint's config.")
+    return state
+
+
+def _check_shapes(path: Path, model: torch.nn.Module, ckpt) -> None:
+    """Every stored tensor has the shape of the model's parameter of that name (else a typed error naming both)."""
+    from safetensors import safe_open
+
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    with safe_open(str(path), framework="pt") as f:
+        for name in sorted(f.keys()):
+            stored = tuple(f.get_slice(name).get_shape())
+            if name in expected and expected[name] != stored:
+                raise CheckpointError(
+                    f"checkpoint {str(ckpt)!r} does not fit the model: {name} is {stored} in the checkpoint but "
+                    f"{expected[name]} in the model built from the config; build the model from the checkpoint's own "
+                    "model_config (attnkit.models.io.load_model does).")
+
+
+def load_model(path: str | Path, device: str | torch.device = "cpu") -> TransformerLM:
+    """The ``TransformerLM`` of a checkpoint (a checkpoint folder or a run folder: its newest), verified, built from
+    the checkpoint's own ``model_config``, in eval mode."""
+    where = resolve(path)
+    state = read_state(where)
+    model = TransformerLM(LMConfig.from_dict(state["model_config"]))
+    load_weights(where, model)
+    return model.to(device).eval()
+
+
+# ------------------------------------------------------------------------------------------------ the rest of a run
+
+
+class ByteTokenizer:
+    """The tokens of a run the trainer wrote: UTF-8 bytes (0..255) plus ``EOS = 256``; ``vocab_size = 257``.
+    (A converted run carries its own tokenizer: ``attnkit.integrations.runs.run_tokenizer``.)"""
+
+    EOS = 256
+    vocab_size = 257
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids) -> str:
+        return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
+
+
+def read_metrics(path: str | Path) -> list[dict]:
+    """The records of a ``metrics.jsonl`` (none when it does not exist; a last line cut by a kill is dropped)."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    records = []
+    for line in path.read_text().splitlines():
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut by a kill: drop it
+            break
+    return records
