@@ -7,10 +7,10 @@ mostly zero bytes). Headless Chromium
 opens each file from disk ``--loads`` times: time to interactive is the page's own ``performance.now()`` when it
 has decoded its data and drawn the grid, the table and the first heatmap (from navigation start), median of the
 loads. Also timed: writing the report in Python (``write_s``, ``report()`` alone: the model is built before),
-each in a fresh process, and with ``--baseline REV`` the same call of attnkit as committed at ``REV`` (its
-``src/`` exported from git into a temporary folder), the two alternating length by length in the same run
-(``baseline_write_s``, ``speedup``); and the per-head metrics of one layer (``head_metrics``, float32 slabs)
-against the all-float64 path (``head_metrics_reference``) in this process, with their largest difference.
+each in a fresh process (median of ``--repeats``), and with ``--baseline REV`` the same call of attnkit as
+committed at ``REV`` (its ``src/`` exported from git into a temporary folder), the two alternating in the same
+run (``baseline_write_s``, ``speedup``); and the per-head metrics of one layer (``head_metrics``, float32
+slabs) against the all-float64 path (``head_metrics_reference``) in this process, with their largest difference.
 Results: ``benchmarks/results/report.json``. Needs selenium and Debian's chromium + chromium-driver
 (``--no-browser`` times the writing only).
 """
@@ -42,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="scale factors of the q/k projections (1 = fresh weights)")
     parser.add_argument("--baseline", default=None, metavar="REV",
                         help="also time report() of attnkit at this git revision (e.g. main before a change)")
+    parser.add_argument("--repeats", type=int, default=3,
+                        help="writes per length and code (median; baseline and current alternate)")
+    parser.add_argument("--repeats-long", type=int, default=1, help="the same past --dense-max (minutes each)")
     parser.add_argument("--no-browser", action="store_true", help="time the writing only (no page loads)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
 
@@ -62,9 +65,10 @@ with torch.no_grad():
 tokens = torch.randint(0, 256, (1, n), generator=torch.Generator().manual_seed(n))
 extra = {"max_tokens": n} if "max_tokens" in report.__code__.co_varnames else {}
 report(model, tokens[:, :8], out=out, doctor=False)  # warm-up: first-call costs are not the report's
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 path = report(model, tokens, out=out, doctor=False, top_k=top_k, dense_max=dense_max, **extra)
-print(json.dumps({"write_s": time.perf_counter() - start, "bytes": path.stat().st_size}))
+print(json.dumps({"write_s": time.perf_counter() - start, "cpu_s": time.process_time() - cpu,
+                  "bytes": path.stat().st_size}))
 """
 
 
@@ -91,6 +95,14 @@ def time_write(src: Path, args, n: int, sharpen: float, out: Path) -> dict:
     if proc.returncode != 0:
         raise RuntimeError(f"report() with attnkit from {src} failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def _summary(runs: list[dict]) -> dict | None:
+    """Medians of the runs of one code at one length (None when there are none)."""
+    if not runs:
+        return None
+    return {"write_s": statistics.median(r["write_s"] for r in runs), "cpu_s": statistics.median(r["cpu_s"] for r in runs),
+            "bytes": runs[-1]["bytes"], "runs": [r["write_s"] for r in runs]}
 
 
 def time_metrics(n: int, heads: int = 12, repeats: int = 3) -> dict:
@@ -159,20 +171,25 @@ def run(args: argparse.Namespace) -> int:
             for sharpen in args.sharpen:
                 for n in args.n:
                     path = tmp / f"report_{n}.html"
-                    if baseline is not None:
-                        old = time_write(baseline, args, n, sharpen, tmp / f"baseline_{n}.html")
-                    new = time_write(_src_dir(), args, n, sharpen, path)
+                    olds, news = [], []
+                    for _ in range(args.repeats if n <= args.dense_max else args.repeats_long):
+                        if baseline is not None:
+                            olds.append(time_write(baseline, args, n, sharpen, tmp / f"baseline_{n}.html"))
+                        news.append(time_write(_src_dir(), args, n, sharpen, path))
+                    new, old = _summary(news), _summary(olds)
                     ttis = [time_to_interactive(driver, path) for _ in range(args.loads)] if driver else []
                     row = {"n": n, "layers": config.n_layers, "heads": config.n_heads, "qk_scale": sharpen,
                            "bytes": new["bytes"], "rows": "dense" if n <= args.dense_max else f"top-{args.top_k} per row",
                            "tti_ms_median": statistics.median(ttis) if ttis else None, "tti_ms": ttis,
-                           "write_s": new["write_s"]}
+                           "write_s": new["write_s"], "write_s_runs": new["runs"], "cpu_s": new["cpu_s"]}
                     line = (f"N={n:5d} q/k x{sharpen:g}: {row['bytes'] / 2**20:7.2f} MiB, {row['rows']}, written in "
-                            f"{new['write_s']:.1f} s")
+                            f"{new['write_s']:.1f} s (median of {len(news)})")
                     if baseline is not None:
-                        row.update(baseline=args.baseline, baseline_write_s=old["write_s"],
-                                   baseline_bytes=old["bytes"], speedup=old["write_s"] / new["write_s"])
-                        line += f" (baseline {args.baseline}: {old['write_s']:.1f} s, {row['speedup']:.1f}x faster)"
+                        row.update(baseline=args.baseline, baseline_write_s=old["write_s"], baseline_write_s_runs=old["runs"],
+                                   baseline_cpu_s=old["cpu_s"], baseline_bytes=old["bytes"],
+                                   speedup=old["write_s"] / new["write_s"], cpu_speedup=old["cpu_s"] / new["cpu_s"])
+                        line += (f" (baseline {args.baseline}: {old['write_s']:.1f} s, {row['speedup']:.1f}x faster; "
+                                 f"CPU time {row['cpu_speedup']:.1f}x less)")
                     if ttis:
                         line += f", time to interactive {row['tti_ms_median']:.0f} ms (median of {args.loads})"
                     rows.append(row)
