@@ -172,3 +172,27 @@ def test_capture_of_every_head_and_row_copies_nothing_but_never_aliases_returned
         ak.attention(q, k, v, ak.masks.causal())  # fused backend: recomputed, nothing selected, nothing copied
     r = cap.records[0]
     assert torch.equal(r.weights, safe_softmax(r.scores)) and r.q_positions.tolist() == [[0, 1, 2, 3, 4]]
+
+
+def test_hf_decoder_through_attnkit_shows_its_eager_weights_without_output_attentions():
+    """The report runs a Hugging Face model through attnkit without output_attentions (capture recomputes the
+    weights once; no second copy of every layer): what it shows still equals transformers' own eager weights."""
+    pytest.importorskip("transformers")
+    from attnkit.diagnostics.report import report
+    from attnkit.diagnostics.targets import hf_tiny
+    from conftest import read_page
+
+    torch.manual_seed(0)
+    model = hf_tiny("hf-llama-tiny")  # 2 layers, 4 query heads on 2 KV heads, causal
+    ids = torch.randint(3, 128, (1, 23))
+    page = report(model, ids, out=None, doctor=False)
+    assert "weights from attnkit capture (transformers attn_implementation='attnkit')" in page
+    meta, blob = read_page(page)
+    assert len(meta["layers"]) == 2 and meta["layers"][0]["Hkv"] == 2 and len(meta["masks"]) == 1  # causal
+    model.set_attn_implementation("eager")
+    with torch.no_grad():
+        eager = model(input_ids=ids, output_attentions=True).attentions
+    for l, layer in enumerate(meta["layers"]):
+        for h, head in enumerate(layer["heads"]):
+            err = np.abs(decode_head(blob, head, 23) - eager[l][0, h].double().numpy()).max()
+            assert err <= 0.5 * STEP + 1e-5, f"layer {l} head {h}: {err:.3g}"

@@ -110,9 +110,11 @@ def _hf_switch(model: nn.Module) -> tuple[str | None, str]:
         return current, "eager"
 
 
-def _forward(model: nn.Module, tokens: torch.Tensor):
+def _forward(model: nn.Module, tokens: torch.Tensor, implementation: str):
+    """One forward. Through attnkit, capture sees every call and recomputes the weights of fused backends once;
+    only eager attention must return them (``output_attentions``: a second copy of every layer's weights)."""
     if _is_hf(model):
-        return model(input_ids=tokens, output_attentions=True)
+        return model(input_ids=tokens, output_attentions="attnkit" not in implementation)
     return model(tokens)
 
 
@@ -127,7 +129,7 @@ def collect(model: nn.Module, tokens: torch.Tensor, labels: list[str], *,
     restore, used = _hf_switch(model)
     try:
         with torch.no_grad(), capture(model) as cap:
-            out = _forward(model, tokens)
+            out = _forward(model, tokens, used)
     finally:
         model.train(was_training)
         if restore is not None and restore != used:
