@@ -5,7 +5,10 @@
     attnkit report path/to/hf_model --text "Attention is all you need."   # a Hugging Face folder (eager weights)
 
 Targets are those of ``attnkit doctor`` (presets, run or checkpoint folders, Hugging Face folders, hf-*-tiny).
-The page opens from disk with no network; the command prints its path and size.
+The page opens from disk with no network; the command prints what the page shows (every weight, or past
+``--dense-max`` the top-k of each row with the mass left out), where the time went (loading, the doctor, the
+attention and the page) and the file's path and size. Inputs past ``--max-tokens`` (2048) are refused before
+anything runs: the report holds 4 L^2 bytes per head and layer.
 """
 
 from __future__ import annotations
