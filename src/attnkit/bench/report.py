@@ -45,6 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--repeats", type=int, default=3,
                         help="writes per length and code (median; baseline and current alternate)")
     parser.add_argument("--repeats-long", type=int, default=1, help="the same past --dense-max (minutes each)")
+    parser.add_argument("--threads", type=int, nargs="+", default=[0],
+                        help="torch threads of the writing processes (0: torch's default); 1 shows the work itself "
+                             "on a loaded machine, where each parallel operation waits for its slowest thread")
     parser.add_argument("--no-browser", action="store_true", help="time the writing only (no page loads)")
     parser.add_argument("--out", type=Path, default=RESULTS_DIR)
 
@@ -54,8 +57,10 @@ CHILD = """
 import json, sys, time, torch
 from attnkit.diagnostics.report import report
 from attnkit.models.builders import build_lm
-preset, n, sharpen, top_k, dense_max, max_len, out = sys.argv[1:]
-n, sharpen, top_k, dense_max, max_len = int(n), float(sharpen), int(top_k), int(dense_max), int(max_len)
+preset, n, sharpen, top_k, dense_max, max_len, threads, out = sys.argv[1:]
+n, sharpen, top_k, dense_max, max_len, threads = int(n), float(sharpen), int(top_k), int(dense_max), int(max_len), int(threads)
+if threads:
+    torch.set_num_threads(threads)
 torch.manual_seed(0)
 model = build_lm(preset, max_seq_len=max_len).eval()
 with torch.no_grad():
@@ -87,11 +92,12 @@ def export_revision(rev: str, into: Path) -> Path:
     return into / "src"
 
 
-def time_write(src: Path, args, n: int, sharpen: float, out: Path) -> dict:
+def time_write(src: Path, args, n: int, sharpen: float, out: Path, threads: int = 0) -> dict:
     """``{"write_s", "bytes"}`` of report() on ``n`` tokens with attnkit from ``src``, in a fresh process."""
     env = {**os.environ, "PYTHONPATH": str(src)}
     proc = subprocess.run([sys.executable, "-c", CHILD, args.preset, str(n), str(sharpen), str(args.top_k),
-                           str(args.dense_max), str(max(args.n)), str(out)], env=env, capture_output=True, text=True)
+                           str(args.dense_max), str(max(args.n)), str(threads), str(out)], env=env, capture_output=True,
+                          text=True)
     if proc.returncode != 0:
         raise RuntimeError(f"report() with attnkit from {src} failed:\n{proc.stderr[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -168,32 +174,33 @@ def run(args: argparse.Namespace) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             tmp = Path(tmp)
             baseline = export_revision(args.baseline, tmp) if args.baseline else None
-            for sharpen in args.sharpen:
-                for n in args.n:
-                    path = tmp / f"report_{n}.html"
-                    olds, news = [], []
-                    for _ in range(args.repeats if n <= args.dense_max else args.repeats_long):
-                        if baseline is not None:
-                            olds.append(time_write(baseline, args, n, sharpen, tmp / f"baseline_{n}.html"))
-                        news.append(time_write(_src_dir(), args, n, sharpen, path))
-                    new, old = _summary(news), _summary(olds)
-                    ttis = [time_to_interactive(driver, path) for _ in range(args.loads)] if driver else []
-                    row = {"n": n, "layers": config.n_layers, "heads": config.n_heads, "qk_scale": sharpen,
-                           "bytes": new["bytes"], "rows": "dense" if n <= args.dense_max else f"top-{args.top_k} per row",
-                           "tti_ms_median": statistics.median(ttis) if ttis else None, "tti_ms": ttis,
-                           "write_s": new["write_s"], "write_s_runs": new["runs"], "cpu_s": new["cpu_s"]}
-                    line = (f"N={n:5d} q/k x{sharpen:g}: {row['bytes'] / 2**20:7.2f} MiB, {row['rows']}, written in "
-                            f"{new['write_s']:.1f} s (median of {len(news)})")
+            for threads, sharpen, n in ((t, s, n) for t in args.threads for s in args.sharpen for n in args.n):
+                path = tmp / f"report_{n}.html"
+                olds, news = [], []
+                for _ in range(args.repeats if n <= args.dense_max else args.repeats_long):
                     if baseline is not None:
-                        row.update(baseline=args.baseline, baseline_write_s=old["write_s"], baseline_write_s_runs=old["runs"],
-                                   baseline_cpu_s=old["cpu_s"], baseline_bytes=old["bytes"],
-                                   speedup=old["write_s"] / new["write_s"], cpu_speedup=old["cpu_s"] / new["cpu_s"])
-                        line += (f" (baseline {args.baseline}: {old['write_s']:.1f} s, {row['speedup']:.1f}x faster; "
-                                 f"CPU time {row['cpu_speedup']:.1f}x less)")
-                    if ttis:
-                        line += f", time to interactive {row['tti_ms_median']:.0f} ms (median of {args.loads})"
-                    rows.append(row)
-                    print(line, flush=True)
+                        olds.append(time_write(baseline, args, n, sharpen, tmp / f"baseline_{n}.html", threads))
+                    news.append(time_write(_src_dir(), args, n, sharpen, path, threads))
+                new, old = _summary(news), _summary(olds)
+                pages = driver is not None and threads == args.threads[0]  # the page does not depend on the threads
+                ttis = [time_to_interactive(driver, path) for _ in range(args.loads)] if pages else []
+                row = {"n": n, "threads": threads or torch.get_num_threads(), "layers": config.n_layers,
+                       "heads": config.n_heads, "qk_scale": sharpen, "bytes": new["bytes"],
+                       "rows": "dense" if n <= args.dense_max else f"top-{args.top_k} per row",
+                       "tti_ms_median": statistics.median(ttis) if ttis else None, "tti_ms": ttis,
+                       "write_s": new["write_s"], "write_s_runs": new["runs"], "cpu_s": new["cpu_s"]}
+                line = (f"N={n:5d} q/k x{sharpen:g} threads {row['threads']}: {row['bytes'] / 2**20:7.2f} MiB, "
+                        f"{row['rows']}, written in {new['write_s']:.1f} s (median of {len(news)})")
+                if baseline is not None:
+                    row.update(baseline=args.baseline, baseline_write_s=old["write_s"],
+                               baseline_write_s_runs=old["runs"], baseline_cpu_s=old["cpu_s"], baseline_bytes=old["bytes"],
+                               speedup=old["write_s"] / new["write_s"], cpu_speedup=old["cpu_s"] / new["cpu_s"])
+                    line += (f" (baseline {args.baseline}: {old['write_s']:.1f} s, {row['speedup']:.1f}x faster; "
+                             f"CPU time {row['cpu_speedup']:.1f}x less)")
+                if ttis:
+                    line += f", time to interactive {row['tti_ms_median']:.0f} ms (median of {args.loads})"
+                rows.append(row)
+                print(line, flush=True)
         for n in args.n:
             metric_rows.append(time_metrics(n, heads=config.n_heads))
             m = metric_rows[-1]
