@@ -346,6 +346,8 @@ class RoPE(nn.Module):
             cos, sin = self.cos_sin(positions, compute)  # (B|1, L, D/2) each
         cos, sin = cos[:, None], sin[:, None]  # (B|1, 1, L, D/2)
         xf = x.to(compute)  # (B, H, L, D)
+        if self.style == "half" and not (cos.requires_grad or sin.requires_grad):
+            return _HalfRotation.apply(xf, cos, sin, 1.0).to(x.dtype)  # (B, H, L, D)
         if self.style == "half":
             x1, x2 = xf.chunk(2, dim=-1)  # (B, H, L, D/2) each (chunk: its backward is one cat, not zero-fills)
         else:
@@ -381,6 +383,28 @@ class RoPE(nn.Module):
             raise AttnkitValueError(f"positions is on {positions.device} but x is on {x.device}; move it with "
                                     ".to(x.device).")
         return positions.reshape(-1, L)  # (B|1, L)
+
+
+class _HalfRotation(torch.autograd.Function):
+    """Half-split rotation ``(x1 cos - x2 sin, x2 cos + x1 sin)`` of ``x (B, H, L, D)`` by ``cos, sin
+    (B|1, 1, L, D/2)`` (``sign=-1``: by minus the angle). A rotation's backward is the inverse rotation, so only
+    cos and sin are saved and each direction is four fused passes over half of ``x`` written into one output
+    (autograd of the plain expression: four products, a sum, a difference and a cat each way)."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin, sign):
+        ctx.save_for_backward(cos, sin)
+        ctx.sign = sign
+        out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, cos.dtype), device=x.device)  # (B, H, L, D)
+        (x1, x2), (o1, o2) = x.chunk(2, dim=-1), out.chunk(2, dim=-1)  # (B, H, L, D/2) views
+        torch.mul(x1, cos, out=o1).addcmul_(x2, sin, value=-sign)
+        torch.mul(x2, cos, out=o2).addcmul_(x1, sin, value=sign)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        cos, sin = ctx.saved_tensors
+        return _HalfRotation.apply(grad, cos, sin, -ctx.sign), None, None, None  # differentiable again
 
 
 # ------------------------------------------------------------------------------------------------ layout convert
