@@ -40,3 +40,14 @@ def test_fused_rotation_gradcheck_and_double_backward():
     x = torch.randn(1, 2, 5, 8, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda t: rope(t), (x,))
     assert torch.autograd.gradgradcheck(lambda t: rope(t), (x,))
+
+
+@pytest.mark.parametrize("offset", [0, 1000, -3], ids=["in_table", "beyond_table", "negative"])
+def test_cos_sin_gathered_from_the_table_equal_computed(offset):
+    """Explicit positions inside the arange table read its rows: bitwise the numbers cos_sin computes; positions
+    outside it (or negative) are computed."""
+    rope = RoPE(16, scaling={"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 8})
+    pos = torch.tensor([[0, 1, 2, 3, 0, 1, 0, 1, 2, 3, 4, 5]]) + offset  # packed rows: positions restart
+    for dtype in (torch.float32, torch.float64):
+        got, want = rope._cos_sin_at(pos, dtype, pos.shape[1]), rope.cos_sin(pos, dtype)
+        assert all(torch.equal(a, b) for a, b in zip(got, want)), f"{dtype}: gathered cos/sin differ from computed"

@@ -332,6 +332,19 @@ class RoPE(nn.Module):
             self.__dict__.setdefault("_tables", {})[key] = table
         return table[0][:, :length], table[1][:, :length]  # (1, L, D/2) x2
 
+    def _cos_sin_at(self, positions: torch.Tensor, dtype: torch.dtype, length: int):
+        """cos and sin ``(B|1, L, D/2)`` at ``positions (B|1, L)``: rows of the ``arange`` table (the same numbers,
+        gathered instead of recomputed; packed rows restart their positions below L) when every position lies in
+        the table of this length, else computed. On CPU only: elsewhere the range check would be a sync per call."""
+        if positions.device.type != "cpu" or positions.numel() == 0 or torch.compiler.is_compiling():
+            return self.cos_sin(positions, dtype)
+        cos, sin = self._default_cos_sin(length, dtype, positions.device)  # (1, L, D/2) slices of the table
+        table = self._tables[(dtype, positions.device, torch.is_inference_mode_enabled())]  # (1, n, D/2) x2
+        lo, hi = positions.aminmax()
+        if int(lo) < 0 or int(hi) >= table[0].shape[1]:
+            return self.cos_sin(positions, dtype)
+        return table[0][0][positions], table[1][0][positions]  # (B|1, L, D/2) x2
+
     def _apply(self, fn, recurse=True):
         self.__dict__.pop("_tables", None)  # .to() / .double(): tables are rebuilt for the new device and dtype
         return super()._apply(fn, recurse)
@@ -343,11 +356,11 @@ class RoPE(nn.Module):
         if positions is None:
             cos, sin = self._default_cos_sin(x.shape[2], compute, x.device)  # (1, L, D/2) each
         else:
-            cos, sin = self.cos_sin(positions, compute)  # (B|1, L, D/2) each
+            cos, sin = self._cos_sin_at(positions, compute, x.shape[2])  # (B|1, L, D/2) each
         cos, sin = cos[:, None], sin[:, None]  # (B|1, 1, L, D/2)
-        xf = x.to(compute)  # (B, H, L, D)
         if self.style == "half" and not (cos.requires_grad or sin.requires_grad):
-            return _HalfRotation.apply(xf, cos, sin, 1.0).to(x.dtype)  # (B, H, L, D)
+            return _HalfRotation.apply(x, cos, sin, 1.0).to(x.dtype)  # (B, H, L, D), computed in cos's dtype
+        xf = x.to(compute)  # (B, H, L, D)
         if self.style == "half":
             x1, x2 = xf.chunk(2, dim=-1)  # (B, H, L, D/2) each (chunk: its backward is one cat, not zero-fills)
         else:
