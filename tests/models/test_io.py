@@ -1,6 +1,7 @@
 """Reading a run folder at the models level: the doctor, the report and ``generate`` load runs without the trainer."""
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -42,7 +43,7 @@ def test_the_doctor_loads_a_run_without_importing_the_trainer(run):
             f"model, fresh = load_target({str(folder)!r})\n"
             "print(type(model).__name__, fresh, sorted(m for m in sys.modules if m.startswith('attnkit.training')))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         env={"PYTHONPATH": str(SRC), "PATH": "/usr/bin:/bin"})
+                         env={**os.environ, "PYTHONPATH": str(SRC)})
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["TransformerLM", "False", "[]"], out.stdout
 
