@@ -28,6 +28,7 @@ def add_parser(sub) -> None:
     p.add_argument("--dense-max", type=int, default=512, help="longer inputs keep only the top-k weights per row")
     p.add_argument("--top-k", type=int, default=32, help="weights kept per row past --dense-max")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out that is not an attnkit report")
     p.set_defaults(run=run)
 
 
@@ -47,16 +48,37 @@ def run(args) -> int:
     from attnkit.diagnostics.report.encode import human_bytes
     from attnkit.diagnostics.targets import load_target
 
-    torch.manual_seed(args.seed)
-    model, fresh = load_target(args.target, encoder=args.encoder)
     metrics = metrics_file(args.target)
     out = args.out or (Path(args.target) / "report.html" if metrics is not None and Path(args.target).is_dir()
                        else Path("attention_report.html"))
+    check_out(out, args.overwrite)  # before the model loads: a typo costs nothing
+    torch.manual_seed(args.seed)
+    model, fresh = load_target(args.target, encoder=args.encoder)
     path = report(model, args.text, out=out, tokenizer=_run_tokenizer(args.target), doctor=not args.no_doctor,
                   fresh=fresh, metrics=metrics,
                   title=args.title or f"attnkit report: {args.target}", dense_max=args.dense_max, top_k=args.top_k)
     print(f"wrote {path} ({human_bytes(path.stat().st_size)}); open it in a browser: {path.resolve().as_uri()}")
     return 0
+
+
+def check_out(out: Path, overwrite: bool) -> None:
+    """Refuse an ``--out`` that would destroy something: a folder, a name without ``.html``, or an existing file
+    that is not an attnkit report (a model's weights, a config) unless ``overwrite``. An earlier report is
+    replaced."""
+    from attnkit.diagnostics.report.page import CSP
+    from attnkit.errors import AttnkitValueError
+
+    if out.is_dir():
+        raise AttnkitValueError(f"--out {str(out)!r} is a folder; give a file name such as {str(out / 'report.html')!r}.")
+    if out.suffix.lower() not in (".html", ".htm"):
+        raise AttnkitValueError(f"--out {str(out)!r} does not end in .html; the report is an HTML page: use e.g. "
+                                f"{str(out.with_suffix('.html'))!r}.")
+    if out.exists() and not overwrite:
+        with open(out, "rb") as f:
+            head = f.read(4096)
+        if f'content="{CSP}"'.encode() not in head:
+            raise AttnkitValueError(f"--out {str(out)!r} exists and is not an attnkit report; pick another --out, or "
+                                    "pass --overwrite to replace it.")
 
 
 def _run_tokenizer(target: str):
