@@ -82,7 +82,7 @@ class RunFolder:
             return  # nothing there yet (acquire refuses a file)
         if ckpt.list_checkpoints(self.path):
             if not overwrite:
-                resume = "continue it with --resume {}, ".format(self.path) if self.option == "--run-dir" else ""
+                resume = f"continue it with --resume {self.path}, " if self.option == "--run-dir" else ""
                 raise RunFolderError(
                     f"{self.option} {str(self.path)!r} already holds checkpoints; {resume}pick another {self.option}, "
                     "or pass --overwrite to replace it (the old run is kept until the new one has written its first "
