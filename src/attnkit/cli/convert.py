@@ -40,7 +40,7 @@ def convert_folder(path, out, *, dtype=None, overwrite: bool = False):
 
     import transformers
 
-    from attnkit.integrations.hf.convert import from_hf
+    from attnkit.integrations.hf.convert import from_hf, source_dropout
     from attnkit.integrations.hf.folders import TOKENIZER_DIR, load_hf, save_tokenizer
     from attnkit.training.checkpoint import save_checkpoint
     from attnkit.training.runs import RunFolder
@@ -48,7 +48,7 @@ def convert_folder(path, out, *, dtype=None, overwrite: bool = False):
     hf = load_hf(path, **({} if dtype is None else {"dtype": dtype}))
     model = from_hf(hf)
     source = {"path": str(Path(path).resolve()), "model_type": hf.config.model_type,
-              "transformers": transformers.__version__}
+              "transformers": transformers.__version__, "dropout": source_dropout(hf.config)}
     folder = RunFolder(out, log=print, option="--out")
     folder.check_fresh(overwrite)  # before creating anything (a refused folder is left exactly as it was)
     folder.acquire()
