@@ -37,6 +37,7 @@ def _no_flex_opt_in():
     (M.causal(), {}, 4096, 64, "sdpa"),  # chunked prefill of a few rows against a cache
     (M.causal() & M.strided(64), {}, 4096, None, "blocksparse"),
     (M.document(torch.arange(4096)[None] // 256) & M.causal(), {}, 4096, None, "blocksparse"),
+    (M.document(torch.arange(512)[None] // 64) & M.causal(), {}, 512, None, "blocksparse"),  # documents: any length
     (M.sliding_window(256), {"return_weights": True}, 4096, None, "math"),
     (M.sliding_window(256), {"softcap": 5.0}, 4096, None, "blocksparse"),  # softcap in the tiled kernel
     ("bool", {}, 4096, None, "sdpa"),  # a dense tensor is already Lq x Lk

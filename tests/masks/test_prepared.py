@@ -112,7 +112,8 @@ def test_prepared_mask_wherever_a_mask_goes():
     torch.testing.assert_close(ak.reference_attention(q, k, v, pm), want)
     out, w = ak.attention(q, k, v, pm, return_weights=True)
     assert (w[0, :, 5, :4] == 0).all()
-    assert ak.explain(q, k, v, pm).chosen == "sdpa"
+    e = ak.explain(q, k, v, pm)  # causal documents: each one a causal sequence of its own (backends/varlen.py)
+    assert e.chosen == "blocksparse" and "documents as separate causal sequences" in e.plan, str(e)
     tensor_pm = M.prepare(mask.to_dense(10, batch=2), 10)
     torch.testing.assert_close(ak.attention(q, k, v, tensor_pm, backend="blocksparse"), want, rtol=1e-5, atol=1e-6)
 

@@ -10,6 +10,10 @@ positions, never as an Lq x Lk tensor.
 Cost and memory grow with the reachable entries, not with Lq x Lk. Rows with no visible key give 0 with
 finite gradients.
 
+Packed causal documents (``causal() & document(ids)``, each document one run with increasing positions, no
+bias or softcap) skip the tiles altogether: :mod:`attnkit.backends.varlen` runs the documents as separate
+causal sequences, batched by length, through SDPA's fused causal kernel (forward and backward), at any length.
+
 Shape legend: B batch, R batch rows of a plan, H query heads, Hkv key/value heads, T stacked pieces,
 lq/lk a piece's query/key counts, D/Dv head dims.
 """
@@ -25,6 +29,7 @@ from attnkit.backends.base import Rank, is_long, skippable_structure
 from attnkit.backends.block_plan import Piece, Plan, make_plan
 from attnkit.backends.relative import HeadGroup, describe, relative_groups
 from attnkit.backends.tiled import tiled_attention
+from attnkit.backends.varlen import document_runs, run_documents
 from attnkit.functional.reference import expand_kv, propagate_nan_queries
 from attnkit.masks import MaskContext, MaskSpec
 from attnkit.masks.blocks import evaluate_on
@@ -47,6 +52,10 @@ class BlockSparseBackend:
         min_keys = BIAS_MIN_KEYS if isinstance(call.bias, StructuredBias) else SPARSE_MIN_KEYS
         if structure is None:
             return Rank(5, "nothing to skip: SDPA's own form is as good")
+        runs = document_runs(call)
+        if runs is not None:
+            return Rank(25, f"{structure}: {runs.count} documents run as separate causal sequences on SDPA's fused "
+                            f"kernel (forward and backward), {100 * runs.density():.0f}% of the Lq x Lk entries")
         if not is_long(call, min_keys, SPARSE_MIN_QUERIES):
             return Rank(5, f"{structure}, but short (Lq={call.q_len}, Lk={call.kv_len} < {SPARSE_MIN_QUERIES}/"
                            f"{min_keys}): a dense mask costs little, one SDPA call is as fast")
@@ -65,6 +74,9 @@ class BlockSparseBackend:
         return reasons
 
     def plan(self, call: AttentionCall) -> str:
+        runs = document_runs(call)
+        if runs is not None:
+            return runs.describe()
         mask, _ = _mask_and_context(call)
         groups = relative_groups(call, mask)
         if groups is not None:
@@ -74,6 +86,9 @@ class BlockSparseBackend:
             f" (per batch row, {len(plans)} plans)" if len(plans) > 1 else "")
 
     def __call__(self, call: AttentionCall) -> torch.Tensor:
+        runs = document_runs(call)
+        if runs is not None:  # packed causal documents: each one a causal sequence of its own
+            return propagate_nan_queries(run_documents(call, runs), call.q)
         mask, ctx = _mask_and_context(call)
         groups = relative_groups(call, mask)
         if groups is not None:  # offset-only mask and bias: table slices, no per-piece evaluation

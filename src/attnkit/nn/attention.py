@@ -133,12 +133,14 @@ class MultiHeadAttention(nn.Module):
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
         fused_qk = context is None and self.rotary is not None and self.q_norm is None and self.k_norm is None
         if context is None and hasattr(self, "qkv_proj"):
-            qkv = self.qkv_proj(x).view(B, L, H + 2 * Hkv, D).transpose(1, 2)  # one matmul; (B, H + 2Hkv, L, D)
+            # one matmul; split token-major, then transpose: the backward's cat then writes the (B, L, H + 2Hkv, D)
+            # gradient the matmul reads, with no copy back from a head-major (B, H + 2Hkv, L, D) one
+            qkv = self.qkv_proj(x).view(B, L, H + 2 * Hkv, D)  # (B, L, H + 2Hkv, D)
             if fused_qk:  # q and k heads sit side by side: rotate them in one call, with one cos/sin
-                qk, v = qkv.split([H + Hkv, Hkv], dim=1)  # (B, H + Hkv, L, D), (B, Hkv, L, D); split, not
-                q, k = self.rotary(qk, positions).split([H, Hkv], dim=1)  # slices: backward is a cat, no zero-fill
-                return q, k, v  # (B, H, L, D), (B, Hkv, L, D) x2
-            q, k, v = qkv.split([H, Hkv, Hkv], dim=1)  # (B, H, L, D), (B, Hkv, L, D) x2
+                qk, v = (t.transpose(1, 2) for t in qkv.split([H + Hkv, Hkv], dim=2))  # (B, H + Hkv, L, D),
+                q, k = self.rotary(qk, positions).split([H, Hkv], dim=1)  # (B, Hkv, L, D); split, not slices:
+                return q, k, v  # (B, H, L, D), (B, Hkv, L, D) x2                 backward is a cat, no zero-fill
+            q, k, v = (t.transpose(1, 2) for t in qkv.split([H, Hkv, Hkv], dim=2))  # (B, H|Hkv, L, D)
         else:
             if hasattr(self, "qkv_proj"):  # cross-attention through the fused weight: q from x, k and v from context
                 wq, wk, wv = self.qkv_proj.weight.split([H * D, Hkv * D, Hkv * D])
