@@ -27,7 +27,10 @@ def add_parser(sub) -> None:
     p.add_argument("--no-doctor", action="store_true", help="leave the doctor's checks out (faster)")
     p.add_argument("--dense-max", type=int, default=512, help="longer inputs keep only the top-k weights per row")
     p.add_argument("--top-k", type=int, default=32, help="weights kept per row past --dense-max")
+    p.add_argument("--max-tokens", type=int, default=None,
+                   help="longer inputs are refused (default 2048: the report holds 4 L^2 bytes per head and layer)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out that is not an attnkit report")
     p.set_defaults(run=run)
 
 
@@ -41,22 +44,63 @@ def metrics_file(target: str) -> Path | None:
 
 
 def run(args) -> int:
+    import time
+
     import torch
 
-    from attnkit.diagnostics.report import report
+    from attnkit.diagnostics.report import MAX_TOKENS, check_length, report, shown, tokenize
     from attnkit.diagnostics.report.encode import human_bytes
     from attnkit.diagnostics.targets import load_target
 
-    torch.manual_seed(args.seed)
-    model, fresh = load_target(args.target, encoder=args.encoder)
     metrics = metrics_file(args.target)
     out = args.out or (Path(args.target) / "report.html" if metrics is not None and Path(args.target).is_dir()
                        else Path("attention_report.html"))
-    path = report(model, args.text, out=out, tokenizer=_run_tokenizer(args.target), doctor=not args.no_doctor,
-                  fresh=fresh, metrics=metrics,
-                  title=args.title or f"attnkit report: {args.target}", dense_max=args.dense_max, top_k=args.top_k)
+    check_out(out, args.overwrite)  # before the model loads: a typo costs nothing
+    torch.manual_seed(args.seed)
+    start = time.perf_counter()
+    model, fresh = load_target(args.target, encoder=args.encoder)
+    title = args.title or f"attnkit report: {args.target}"
+    max_tokens = MAX_TOKENS if args.max_tokens is None else args.max_tokens
+    ids, labels = tokenize(model, args.text, _run_tokenizer(args.target)) if args.text else (args.text, None)
+    if args.text:
+        check_length(ids.shape[1], max_tokens)  # before the doctor runs
+    loaded = time.perf_counter()
+    doctor, doctor_s = False, 0.0
+    if not args.no_doctor:
+        from attnkit.diagnostics.doctor import examine
+
+        doctor = examine(model, fresh=fresh, name=title).to_dict()
+        doctor_s = time.perf_counter() - loaded
+    path = report(model, ids, labels=labels, out=out, doctor=doctor, fresh=fresh, metrics=metrics, title=title,
+                  dense_max=args.dense_max, top_k=args.top_k,
+                  max_tokens=max_tokens)
+    done = time.perf_counter()
+    print(f"shown: {shown(ids.shape[1], args.dense_max, args.top_k)}")
+    print(f"time: {done - start:.1f} s (loading {loaded - start:.1f} s, "
+          + (f"doctor {doctor_s:.1f} s (--no-doctor leaves it out), " if doctor else "")
+          + f"attention and page {done - loaded - doctor_s:.1f} s)")
     print(f"wrote {path} ({human_bytes(path.stat().st_size)}); open it in a browser: {path.resolve().as_uri()}")
     return 0
+
+
+def check_out(out: Path, overwrite: bool) -> None:
+    """Refuse an ``--out`` that would destroy something: a folder, a name without ``.html``, or an existing file
+    that is not an attnkit report (a model's weights, a config) unless ``overwrite``. An earlier report is
+    replaced."""
+    from attnkit.diagnostics.report.page import CSP
+    from attnkit.errors import AttnkitValueError
+
+    if out.is_dir():
+        raise AttnkitValueError(f"--out {str(out)!r} is a folder; give a file name such as {str(out / 'report.html')!r}.")
+    if out.suffix.lower() not in (".html", ".htm"):
+        raise AttnkitValueError(f"--out {str(out)!r} does not end in .html; the report is an HTML page: use e.g. "
+                                f"{str(out.with_suffix('.html'))!r}.")
+    if out.exists() and not overwrite:
+        with open(out, "rb") as f:
+            head = f.read(4096)
+        if f'content="{CSP}"'.encode() not in head:
+            raise AttnkitValueError(f"--out {str(out)!r} exists and is not an attnkit report; pick another --out, or "
+                                    "pass --overwrite to replace it.")
 
 
 def _run_tokenizer(target: str):

@@ -151,11 +151,14 @@ class capture:  # noqa: N801 - used as a context manager, like torch.no_grad
         r_idx = torch.tensor(rows, device=call.q.device)
         with torch.no_grad():
             q_pos, kv_pos = call.positions()  # (B|1, Lq), (B|1, Lk)
+            every_head, every_row = self.heads is None, self.rows is None  # nothing to select: no copy
             scores = None
             if isinstance(result, tuple):  # the backend returned the probabilities itself
                 weights = result[1].detach()
                 if weights.dtype in (torch.float16, torch.bfloat16):
                     weights = weights.float()
+                elif every_head and every_row:
+                    weights = weights.clone()  # the caller's tensor: the record must not alias it
             if not isinstance(result, tuple) or self.want_scores:
                 scores = scores_of(call)  # (B, H, Lq, Lk), masked entries -inf
             if not isinstance(result, tuple):
@@ -164,15 +167,18 @@ class capture:  # noqa: N801 - used as a context manager, like torch.no_grad
 
             def pick(t: torch.Tensor | None) -> torch.Tensor | None:
                 """(B, H, Lq, *) -> (B, h, r, *)"""
-                return None if t is None else t.index_select(1, h_idx).index_select(2, r_idx)
+                if t is None:
+                    return None
+                t = t if every_head else t.index_select(1, h_idx)
+                return t if every_row else t.index_select(2, r_idx)
 
             if allowed is not None:
                 allowed = allowed.reshape((1,) * (4 - allowed.dim()) + tuple(allowed.shape))  # (B|1, 1|H, Lq|1, Lk)
-                allowed = allowed if allowed.shape[1] == 1 else allowed.index_select(1, h_idx)
-                allowed = allowed.index_select(2, r_idx) if allowed.shape[2] != 1 else allowed
+                allowed = allowed if allowed.shape[1] == 1 or every_head else allowed.index_select(1, h_idx)
+                allowed = allowed if allowed.shape[2] == 1 or every_row else allowed.index_select(2, r_idx)
             record = Record(
                 layer=layer, index=index, heads=heads, rows=rows, weights=pick(weights), allowed=allowed,
-                q_positions=q_pos.index_select(1, r_idx), kv_positions=kv_pos, scale=call.scale,
+                q_positions=q_pos if every_row else q_pos.index_select(1, r_idx), kv_positions=kv_pos, scale=call.scale,
                 head_dim=call.q.shape[-1],
                 scores=pick(scores) if self.want_scores else None,
             )

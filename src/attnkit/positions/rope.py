@@ -216,9 +216,15 @@ def scaling_from_dict(params: Mapping, base: float) -> RopeScaling | None:
     if kind in ("yarn", "llama3") and original is None:
         raise AttnkitValueError(f"scaling dict of type {kind!r} needs 'original_max_position_embeddings' (the "
                                 f"trained context length), got {dict(params)}; add it, e.g. 4096.")
+    if isinstance(original, float) and original.is_integer():
+        original = int(original)  # JSON configs sometimes write 8192.0
     if kind == "llama3":
-        return Llama3Scaling(factor, original, low_freq_factor=params.get("low_freq_factor", 1.0),
-                             high_freq_factor=params.get("high_freq_factor", 4.0))
+        absent = [k for k in ("low_freq_factor", "high_freq_factor") if k not in params]
+        if absent:  # as transformers: no silent default for what defines the bands
+            raise AttnkitValueError(f"scaling dict of type 'llama3' needs {absent}, got {dict(params)}; LLaMA 3.1 "
+                                    "uses 'low_freq_factor': 1.0, 'high_freq_factor': 4.0.")
+        return Llama3Scaling(factor, original, low_freq_factor=params["low_freq_factor"],
+                             high_freq_factor=params["high_freq_factor"])
     if kind == "yarn":
         attention_factor = params.get("attention_factor")
         if attention_factor is None and params.get("mscale") and params.get("mscale_all_dim"):

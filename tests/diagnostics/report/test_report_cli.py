@@ -13,8 +13,29 @@ def test_report_on_a_preset(tmp_path, capsys):
     assert main(["report", "nano", "--text", "hello there", "--out", str(out), "--no-doctor"]) == 0
     printed = capsys.readouterr().out
     assert f"wrote {out}" in printed and "KiB" in printed and out.as_uri() in printed
+    assert "shown: 11 tokens: every weight of every head" in printed and "time: " in printed
+    assert "doctor" not in printed.split("time: ")[1].split("\n")[0]  # --no-doctor: no doctor time
     meta, _ = read_page(out.read_text())
     assert meta["L"] == 11 and len(meta["layers"]) == 2 and meta["labels"][5] == "\u2423"
+
+
+def test_report_states_sparse_rows_and_the_doctor_time(tmp_path, capsys):
+    out = tmp_path / "nano.html"
+    assert main(["report", "nano", "--text", "hello there", "--out", str(out), "--dense-max", "8", "--top-k", "3"]) == 0
+    printed = capsys.readouterr().out
+    assert ("shown: 11 tokens > dense_max 8: each row keeps its 3 largest weights and states the mass it leaves out"
+            in printed)
+    assert "doctor " in printed and "(--no-doctor leaves it out)" in printed
+    page = out.read_text()
+    assert "each row keeps its 3 largest weights" in page and "<table id=\"doctor\">" in page
+
+
+def test_report_refuses_inputs_past_max_tokens_before_running(tmp_path, capsys):
+    out = tmp_path / "nano.html"
+    assert main(["report", "nano", "--text", "hello there", "--out", str(out), "--max-tokens", "10"]) == 2
+    err = capsys.readouterr().err
+    assert "the input has 11 tokens, more than max_tokens=10" in err and "--max-tokens 11" in err
+    assert not out.exists()
 
 
 def test_report_on_a_run_folder_defaults_into_it_and_draws_its_curves(tmp_path, capsys):

@@ -131,6 +131,10 @@ def test_errors_name_the_argument():
         ak.diagnostics.report(model, "x", top_k=0)
     with pytest.raises(AttnkitValueError, match="dense_max must be a positive int"):
         ak.diagnostics.report(model, "x", dense_max=True)
+    with pytest.raises(AttnkitValueError, match="max_tokens must be a positive int"):
+        ak.diagnostics.report(model, "x", max_tokens=0)
+    with pytest.raises(AttnkitValueError, match=r"the input has 3 tokens, more than max_tokens=2: .* 4 L\^2 bytes"):
+        ak.diagnostics.report(model, [1, 2, 3], max_tokens=2, doctor=False)
     with pytest.raises(AttnkitTypeError, match="doctor must be True, False, a doctor Report"):
         ak.diagnostics.report(model, "x", doctor="yes")
     with pytest.raises(AttnkitValueError, match="tokens must be a text, a list of ids, or an int tensor"):

@@ -22,8 +22,11 @@ import torch
 from torch import nn
 
 from attnkit.diagnostics.report.collect import Collected, collect
+from attnkit.diagnostics.report.encode import human_bytes
 from attnkit.diagnostics.report.page import render
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
+
+MAX_TOKENS = 2048  #: report(max_tokens=...) default: 2.3 GiB of weights for 12 layers x 12 heads
 
 
 def byte_label(token: int) -> str:
@@ -65,6 +68,23 @@ def tokenize(model: nn.Module, text: str, tokenizer=None) -> tuple[torch.Tensor,
     return torch.tensor([ids]), [byte_label(t) for t in ids]
 
 
+def check_length(n_tokens: int, max_tokens: int = MAX_TOKENS) -> None:
+    """Refuse an input longer than ``max_tokens`` (before anything runs), saying what it would cost."""
+    if n_tokens > max_tokens:
+        raise AttnkitValueError(
+            f"the input has {n_tokens} tokens, more than max_tokens={max_tokens}: the report holds every layer's "
+            f"weights, 4 L^2 bytes per head and layer ({human_bytes(4 * n_tokens ** 2)} per head here); shorten the "
+            f"text, or pass max_tokens={n_tokens} (attnkit report --max-tokens {n_tokens}) if the memory is there.")
+
+
+def shown(n_tokens: int, dense_max: int = 512, top_k: int = 32) -> str:
+    """What the page shows of each head, in one sentence (the CLI prints it; the page's banner says the same)."""
+    if n_tokens <= dense_max or top_k >= n_tokens:
+        return f"{n_tokens} tokens: every weight of every head (1/255 steps)"
+    return (f"{n_tokens} tokens > dense_max {dense_max}: each row keeps its {top_k} largest weights and states the "
+            f"mass it leaves out (raise --dense-max to keep every weight)")
+
+
 def _as_tokens(model, tokens, labels, tokenizer) -> tuple[torch.Tensor, list[str]]:
     if isinstance(tokens, str):
         if not tokens:
@@ -89,7 +109,7 @@ def _as_tokens(model, tokens, labels, tokenizer) -> tuple[torch.Tensor, list[str
 def report(model: nn.Module, tokens, *, out: str | Path | None = "attention_report.html", labels=None,
            tokenizer=None, title: str | None = None, doctor: bool | dict = True, fresh: bool | None = None,
            metrics: str | Path | list | None = None, dense_max: int = 512, top_k: int = 32,
-           thresholds=None) -> Path | str:
+           max_tokens: int = MAX_TOKENS, thresholds=None) -> Path | str:
     """Write the HTML attention report of ``model`` on ``tokens`` and return its path (or the HTML when ``out``
     is None).
 
@@ -102,12 +122,17 @@ def report(model: nn.Module, tokens, *, out: str | Path | None = "attention_repo
         doctor: run ``ak.doctor.examine`` on the model and include its report (or pass a ``Report`` / its dict).
         fresh: tells the doctor whether the weights are new (see ``examine``).
         metrics: a ``metrics.jsonl`` path (or its records) for the training curves and monitor verdicts.
-        dense_max, top_k: sequences longer than ``dense_max`` keep the ``top_k`` largest weights per row.
+        dense_max, top_k: sequences longer than ``dense_max`` keep the ``top_k`` largest weights per row (the
+            page says so and states each row's remaining mass; :func:`shown` is the sentence).
+        max_tokens: longer inputs are refused before the model runs: the report holds every layer's
+            ``(H, L, L)`` float32 weights (``4 L**2`` bytes per head and layer: 2.3 GiB for 12 x 12 heads at
+            2048 tokens, 9 GiB at 4096). Raise it knowingly.
     """
     if not isinstance(model, nn.Module):
         raise AttnkitTypeError(f"report(model=...) must be a torch.nn.Module, got {describe(model)}.")
     for name, value, hint in (("top_k", top_k, "weights kept per row past dense_max; e.g. 32"),
-                              ("dense_max", dense_max, "longest input stored densely; e.g. 512")):
+                              ("dense_max", dense_max, "longest input stored densely; e.g. 512"),
+                              ("max_tokens", max_tokens, f"longest input accepted; default {MAX_TOKENS}")):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise AttnkitValueError(f"{name} must be a positive int ({hint}), got {describe(value)}.")
     if doctor is not True and doctor is not False and not isinstance(doctor, dict):
@@ -115,6 +140,7 @@ def report(model: nn.Module, tokens, *, out: str | Path | None = "attention_repo
         if not isinstance(doctor, dict):
             raise AttnkitTypeError(f"doctor must be True, False, a doctor Report or its to_dict(), got {describe(doctor)}.")
     ids, labels = _as_tokens(model, tokens, labels, tokenizer)
+    check_length(ids.shape[1], max_tokens)
     ids = ids.to(next(iter(model.parameters()), torch.empty(0)).device)
     data: Collected = collect(model, ids, labels, thresholds=thresholds)
     doctor_dict = doctor if isinstance(doctor, dict) else None
@@ -143,4 +169,4 @@ def report(model: nn.Module, tokens, *, out: str | Path | None = "attention_repo
     return out
 
 
-__all__ = ["report", "tokenize", "byte_label", "collect"]
+__all__ = ["report", "tokenize", "byte_label", "collect", "shown", "check_length", "MAX_TOKENS"]

@@ -13,6 +13,7 @@ Shape legend: H query heads, Hkv key/value heads, L tokens (Lq = Lk = L, one seq
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -54,16 +55,17 @@ class Collected:
 
 
 def prev_token_score(weights: torch.Tensor, allowed: torch.Tensor | None) -> list[float]:
-    """Mean probability each head puts on the key just before the query, ``(H, L, L) -> H floats``, over the
-    rows whose previous key is visible (NaN when none is)."""
+    """Mean probability each head puts on the key just before the query, ``(H, Lq, Lk) -> H floats``, over the
+    rows whose previous key is visible (NaN when none is). Reads one diagonal (keys bottom-right aligned: query
+    i sits at position ``Lk - Lq + i``, its previous key is column ``Lk - Lq + i - 1``), summed in float64."""
     H, Lq, Lk = weights.shape
-    prev = torch.arange(Lk - Lq, Lk)[:, None] - 1 == torch.arange(Lk)[None, :]  # (Lq, Lk): key = query - 1
-    ok = prev.expand(H, Lq, Lk) if allowed is None else prev & allowed.expand(H, Lq, Lk)  # (H, Lq, Lk)
-    rows = ok.any(-1)  # (H, Lq)
-    score = (weights.double() * ok).sum(-1)  # (H, Lq)
-    n = rows.sum(-1)  # (H,)
-    return torch.where(n > 0, (score * rows).sum(-1) / n.clamp_min(1), torch.full_like(n, float("nan"),
-                                                                                    dtype=torch.double)).tolist()
+    offset = Lk - Lq - 1  # column - row of the previous key
+    prev = torch.diagonal(weights, offset, dim1=-2, dim2=-1).double()  # (H, n): one entry per row that has one
+    ok = torch.ones_like(prev, dtype=torch.bool) if allowed is None else \
+        torch.diagonal(allowed.expand(H, Lq, Lk), offset, dim1=-2, dim2=-1)  # (H, n)
+    n = ok.sum(-1)  # (H,)
+    total = torch.where(ok, prev, torch.zeros_like(prev)).sum(-1)  # (H,)
+    return torch.where(n > 0, total / n.clamp_min(1), torch.full_like(total, math.nan)).tolist()
 
 
 def layer_metrics(layer: Layer, thresholds: HealthThresholds) -> None:

@@ -6,6 +6,7 @@ base64-encoded into the page (the browser inflates it with its built-in ``Decomp
 - sparse heads (longer sequences): per row the ``top_k`` largest probabilities (key index uint16, value uint8)
   and the remaining mass of the row (uint8, same step), so the page states what it leaves out;
 - thumbnails: ``T x T`` (T <= 48) block maxima scaled to the head's largest, for the overview grid;
+- a layer's heads are quantised / ranked in one call (:func:`encode_layer`), then laid out head by head;
 - masks: one bit per (query, key), deduplicated across layers and heads.
 
 :func:`decode_head` reads a dense or sparse head back (tests use it to check the page's numbers).
@@ -46,26 +47,37 @@ class Buffer:
 
 
 def quantise(p: torch.Tensor) -> np.ndarray:
+    """Probabilities -> ``round(255 p)`` as uint8 (computed in float64: the byte is the nearest step, exactly)."""
     return np.rint(p.clamp(0, 1).double().numpy() * 255).astype(np.uint8)
 
 
-def thumbnail(w: torch.Tensor, side: int = 48) -> np.ndarray:
-    """``(L, L) -> (T, T)`` uint8 block maxima, scaled so the head's largest pooled value is 255."""
+def thumbnails(w: torch.Tensor, side: int = 48) -> np.ndarray:
+    """``(H, L, L) -> (H, T, T)`` uint8 block maxima, each head scaled so its largest pooled value is 255."""
     L = w.shape[-1]
     T = min(side, L)
-    pooled = torch.nn.functional.adaptive_max_pool2d(w[None, None].float(), T)[0, 0]  # (T, T)
-    top = float(pooled.max())
-    return quantise(pooled / top if top > 0 else pooled)
+    pooled = torch.nn.functional.adaptive_max_pool2d(w[:, None].float(), T)[:, 0]  # (H, T, T)
+    top = pooled.amax(dim=(-2, -1), keepdim=True)  # (H, 1, 1)
+    return quantise(torch.where(top > 0, pooled / torch.where(top > 0, top, 1), pooled))
 
 
-def encode_head(buf: Buffer, w: torch.Tensor, top_k: int | None) -> dict:
-    """One head ``(L, L)``: dense bytes, or the top-k per row with the rest of each row's mass."""
-    if top_k is None or top_k >= w.shape[-1]:
-        return {"fmt": "dense", "w": buf.add(quantise(w))}
-    values, index = w.topk(top_k, dim=-1)  # (L, k) each
-    rest = (1.0 - values.double().sum(-1)).clamp_min(0)  # (L,) mass not shown
-    return {"fmt": "topk", "k": top_k, "idx": buf.add(index.numpy().astype("<u2")), "val": buf.add(quantise(values)),
-            "rest": buf.add(quantise(rest))}
+def encode_layer(buf: Buffer, w: torch.Tensor, top_k: int | None) -> list[dict]:
+    """One layer's heads ``(H, L, L)``: per head its dense bytes, or the top-k per row with the rest of each row's
+    mass, then its thumbnail. The whole layer is quantised / ranked in one call, then laid out head by head."""
+    H, L, _ = w.shape
+    thumbs = thumbnails(w)  # (H, T, T)
+    if top_k is None or top_k >= L:
+        dense = quantise(w)  # (H, L, L)
+        parts = [{"fmt": "dense", "w": dense[h]} for h in range(H)]
+    else:
+        values, index = w.topk(top_k, dim=-1)  # (H, L, k) each
+        rest = quantise((1.0 - values.double().sum(-1)).clamp_min(0))  # (H, L): mass not shown
+        index, values = index.numpy().astype("<u2"), quantise(values)
+        parts = [{"fmt": "topk", "k": top_k, "idx": index[h], "val": values[h], "rest": rest[h]} for h in range(H)]
+    heads = []
+    for h, part in enumerate(parts):
+        head = {k: buf.add(v) if isinstance(v, np.ndarray) else v for k, v in part.items()}  # arrays -> spans
+        heads.append({**head, "thumb": buf.add(thumbs[h]), "T": thumbs.shape[-1]})
+    return heads
 
 
 def encode_mask(buf: Buffer, allowed: torch.Tensor) -> list[int]:

@@ -13,7 +13,7 @@ import math
 from importlib import resources
 
 from attnkit.diagnostics.report.collect import Collected
-from attnkit.diagnostics.report.encode import STEP, Buffer, encode_head, encode_mask, thumbnail
+from attnkit.diagnostics.report.encode import STEP, Buffer, encode_layer, encode_mask
 
 COLUMNS = [("layer", "layer", "int"), ("name", "name", "text"), ("head", "head", "int"), ("kv", "kv head", "int"),
            ("entropy", "entropy (nats)", "num"), ("norm_entropy", "entropy / log n", "num"),
@@ -42,13 +42,9 @@ def payload(data: Collected, *, dense_max: int = 512, top_k: int = 32) -> tuple[
     L = len(data.tokens)
     buf, masks, mask_ids = Buffer(), [], {}
     layers, verdicts = [], []
-    sparse = top_k if dense_max < L else None
+    sparse = top_k if dense_max < L and top_k < L else None
     for layer in data.layers:
-        heads = []
-        for h in range(layer.num_heads):
-            w = layer.weights[h]  # (L, L)
-            t = thumbnail(w)
-            heads.append({**encode_head(buf, w, sparse), "thumb": buf.add(t), "T": t.shape[0]})
+        heads = encode_layer(buf, layer.weights, sparse)
         mask = None
         if layer.allowed is not None:
             mask = []
