@@ -364,8 +364,9 @@ class RoPE(nn.Module):
         else:
             cos, sin = self._cos_sin_at(positions, compute, x.shape[2])  # (B|1, L, D/2) each
         cos, sin = cos[:, None], sin[:, None]  # (B|1, 1, L, D/2)
-        if self.style == "half" and not (cos.requires_grad or sin.requires_grad):
+        if self.style == "half" and not (cos.requires_grad or sin.requires_grad or torch.compiler.is_compiling()):
             return _HalfRotation.apply(x, cos, sin, 1.0).to(x.dtype)  # (B, H, L, D), computed in cos's dtype
+        # (compiled: the plain expression below, which the compiler fuses itself)
         xf = x.to(compute)  # (B, H, L, D)
         if self.style == "half":
             x1, x2 = xf.chunk(2, dim=-1)  # (B, H, L, D/2) each (chunk: its backward is one cat, not zero-fills)
