@@ -168,6 +168,34 @@ def test_greedy_generate_matches_sdpa(family):
     assert torch.equal(got, want), f"{family}: greedy tokens differ at {(got != want).nonzero()[:5].tolist()}"
 
 
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
+def test_greedy_generate_with_a_static_cache_matches_sdpa(family):
+    """The regression: generate builds the mask once per step through the mask interface and hands it back as
+    attention_mask; the interface took it for a 2-D padding mask and crashed."""
+    ids, am = _batch("left", batch=2, length=7)
+    ref_model = build(family, "sdpa")
+    model = build(family, "attnkit")
+    model.load_state_dict(ref_model.state_dict())
+    kw = {"max_new_tokens": 12, "do_sample": False, "pad_token_id": 0, "eos_token_id": None,
+          "cache_implementation": "static"}
+    with torch.no_grad():
+        want = ref_model.generate(input_ids=ids, attention_mask=am, **kw)
+        with Seen() as seen:
+            got = model.generate(input_ids=ids, attention_mask=am, **kw)
+    assert seen.calls and torch.equal(got, want), f"{family}: {(got != want).nonzero()[:5].tolist()}"
+
+
+def test_a_prepared_mask_for_other_sizes_is_refused():
+    from attnkit.errors import AttnkitValueError
+    from attnkit.integrations.hf.masks import HFMask, mask_interface
+
+    built = HFMask(masks.causal(), None, None, q_len=1, kv_len=8)
+    assert mask_interface(1, 1, 8, attention_mask=built) is built
+    with pytest.raises(AttnkitValueError, match=r"attention_mask is an attnkit mask built for Lq=1, Lk=8 but this call "
+                                                r"has Lq=2, Lk=9; pass the 2-D padding mask"):
+        mask_interface(1, 2, 9, attention_mask=built)
+
+
 def test_existing_model_switches_and_explains():
     import attnkit as ak
 

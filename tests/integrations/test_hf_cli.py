@@ -73,3 +73,105 @@ def test_report_on_a_converted_run_uses_its_tokenizer(hf_folder, tmp_path, capsy
     assert main(["report", str(run), "--text", "attention is all you need", "--no-doctor", "--out", str(out)]) == 0
     html = out.read_text()
     assert all(piece in html for piece in tokenizer.tokenize("attention is all you need")), "word pieces missing"
+
+
+# ------------------------------------------------------------------------------------- --out and the weights
+
+
+def _trained_run(path):
+    from attnkit.models.builders import build_lm
+    from attnkit.training.checkpoint import list_checkpoints, save_checkpoint
+
+    model = build_lm("nano", n_layers=1)
+    for step in (100, 200):
+        save_checkpoint(path, step, model, None, {"model_config": model.config.to_dict()})
+    return [p.name for p in list_checkpoints(path)]
+
+
+def test_convert_refuses_an_existing_run_and_replaces_it_only_when_asked(hf_folder, tmp_path, capsys):
+    """The regression: --out on a trained run pruned its checkpoints (and the new one) and printed success."""
+    from attnkit.training.checkpoint import list_checkpoints
+
+    folder, _, _ = hf_folder
+    run = tmp_path / "run"
+    before = _trained_run(run)
+    assert main(["convert", "--hf", str(folder), "--out", str(run)]) == 2
+    assert "--out '" in (err := capsys.readouterr().err) and "already holds checkpoints; pick another --out, or pass " \
+        "--overwrite" in err
+    assert [p.name for p in list_checkpoints(run)] == before and not (run / "tokenizer").exists()
+    assert main(["convert", "--hf", str(folder), "--out", str(run), "--overwrite"]) == 0
+    assert [p.name for p in list_checkpoints(run)] == ["step_00000000"] and (run / "tokenizer").is_dir()
+    assert not (run / ".replaced").exists()
+
+
+def test_convert_refuses_a_folder_with_other_files(hf_folder, tmp_path, capsys):
+    folder, _, _ = hf_folder
+    out = tmp_path / "notes"
+    out.mkdir()
+    (out / "paper.txt").write_text("keep me")
+    assert main(["convert", "--hf", str(folder), "--out", str(out)]) == 2
+    assert "is not empty and is not an attnkit run (it holds ['paper.txt'])" in capsys.readouterr().err
+    assert sorted(p.name for p in out.iterdir()) == ["paper.txt"]
+
+
+def test_a_new_training_run_replaces_a_converted_runs_tokenizer(hf_folder, tmp_path):
+    """--overwrite with the trainer on a converted run must not leave the HF tokenizer for the byte-level model."""
+    from attnkit.training.runs import RunFolder
+
+    folder, _, _ = hf_folder
+    run = tmp_path / "run"
+    assert main(["convert", "--hf", str(folder), "--out", str(run)]) == 0
+    lock = RunFolder(run, log=lambda *_: None).acquire()
+    lock.check_fresh(True)
+    lock.set_aside()
+    assert not (run / "tokenizer").exists() and (run / ".replaced" / "tokenizer").is_dir()
+    lock.abandon()  # the new run failed early: everything back
+    assert (run / "tokenizer").is_dir()
+    lock.release()
+
+
+def test_convert_refuses_weights_that_lack_a_parameter(hf_folder, tmp_path, capsys):
+    """The regression: transformers filled a missing q_proj with random values and convert wrote the run."""
+    from safetensors.torch import load_file, save_file
+
+    folder, _, _ = hf_folder
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    for f in folder.iterdir():
+        (broken / f.name).write_bytes(f.read_bytes())
+    weights = load_file(broken / "model.safetensors")
+    del weights["model.layers.1.self_attn.q_proj.weight"]
+    save_file(weights, broken / "model.safetensors", metadata={"format": "pt"})
+    for argv in (["convert", "--hf", str(broken), "--out", str(tmp_path / "run")], ["doctor", str(broken)]):
+        assert main(argv) == 2
+        assert "lack 1 parameter(s) the model needs (['model.layers.1.self_attn.q_proj.weight']); transformers " \
+            "would fill them with random values" in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_unreadable_weights_are_typed_errors_and_a_pickle_never_runs(hf_folder, tmp_path, capsys):
+    import os
+
+    folder, model, _ = hf_folder
+    corrupt = tmp_path / "corrupt"
+    corrupt.mkdir()
+    (corrupt / "config.json").write_bytes((folder / "config.json").read_bytes())
+    (corrupt / "model.safetensors").write_text("<html>not weights</html>")
+    assert main(["convert", "--hf", str(corrupt), "--out", str(tmp_path / "a")]) == 2
+    assert "are not a readable safetensors file" in capsys.readouterr().err
+
+    marker = tmp_path / "PWNED"
+
+    class Evil:
+        def __reduce__(self):
+            return (os.system, (f"touch {marker}",))
+
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    (pickled / "config.json").write_bytes((folder / "config.json").read_bytes())
+    torch.save({**model.state_dict(), "evil": Evil()}, pickled / "pytorch_model.bin")
+    for argv in (["convert", "--hf", str(pickled), "--out", str(tmp_path / "b")], ["doctor", str(pickled)]):
+        assert main(argv) == 2
+        assert "a pickle that holds more than plain tensors (Trying to load unsupported GLOBAL posix.system" in \
+            capsys.readouterr().err
+    assert not marker.exists()

@@ -124,6 +124,18 @@ def test_mistral_generation_crosses_the_window_with_a_sliding_cache():
     assert ours == theirs.tolist()
 
 
+def test_training_dropout_is_named_not_dropped_silently():
+    import warnings
+
+    with pytest.warns(UserWarning, match=r"llama: the converted model has dropout 0 \(eval outputs are exact\); the "
+                                         r"Hugging Face config trains with \{'attention_dropout': 0.5\}"):
+        model = from_hf(build("llama", "sdpa", attention_dropout=0.5))
+    assert model.config.dropout == 0.0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        from_hf(build("llama", "sdpa"))  # no dropout: no warning
+
+
 def test_unsupported_configs_are_refused_by_name():
     hf = build("llama", "sdpa", rope_parameters={"rope_type": "dynamic", "factor": 8.0, "rope_theta": 10000.0})
     with pytest.raises(BackendUnsupportedError, match="rope_type='dynamic' has no exact attnkit form"):

@@ -47,7 +47,7 @@ def check_outputs(folder, name):
         assert v["measured"] and v["band"] and v["claim"], (name, v)
     # quick runs must actually measure: at most one claim may lack its measurement (a task too short to be learned
     # at the quick size is a stated precondition, not a missing measurement)
-    unlearned = [v for v in payload["verdicts"] if "no model learned" in v["measured"]]
+    unlearned = [v for v in payload["verdicts"] if "no model learned" in v["measured"] or "did not learn" in v["measured"]]
     assert all(v["verdict"] == "not measured" for v in unlearned), (name, unlearned)
     assert sum(v["verdict"] == "not measured" for v in payload["verdicts"]) - len(unlearned) <= 1, (name, payload)
     numbers = list(_numbers(payload["measurements"]))
@@ -123,6 +123,24 @@ def test_claims_on_a_task_no_model_learned_are_not_measured():
     assert all(c.verdict(at_chance)["verdict"] == "not measured" for c in CLAIMS)
     learned = {"recall": task({"1-8": LEARNED_FLOOR, "17-32": 0.0}), "copy": task({"4": 1.0, "16": 1.0})}
     assert all(c.verdict(learned)["verdict"] != "not measured" for c in CLAIMS)
+
+
+def test_claims_on_a_model_that_learned_nothing_are_not_measured():
+    """The regression: at --quick size the labs printed "holds" for models still at chance (loss ~ ln 257)."""
+    import math
+
+    from attnkit.labs.efficient import CLAIMS as EFFICIENT
+    from attnkit.labs.harness import VOCAB, learned
+
+    chance = math.log(VOCAB)
+    quality = lambda full: {"quality": {k: {"val_loss": full} for k in ("full", "window", "strided", "linear")}}  # noqa: E731
+    for claim in EFFICIENT[:2]:  # the quality claims
+        at_chance = claim.verdict(quality(chance - 0.01))
+        assert at_chance["verdict"] == "not measured" and "full attention did not learn" in at_chance["measured"]
+        assert claim.verdict(quality(2.0))["verdict"] != "not measured"
+    assert learned(2.0, "x") == 2.0
+    with pytest.raises(ValueError, match=r"the model did not learn: loss 5.5 >= 0.9 x ln\(257\) = 4.99"):
+        learned(5.5, "the model")
 
 
 def test_every_lab_module_is_discovered_without_a_list():

@@ -266,6 +266,9 @@ def test_scaling_dicts():
     llama3 = scaling_from_dict({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                 "original_max_position_embeddings": 8192, "rope_theta": 5e5}, 5e5)
     assert llama3 == Llama3Scaling(8.0, 8192, low_freq_factor=1.0, high_freq_factor=4.0)
+    as_float = scaling_from_dict({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                  "original_max_position_embeddings": 8192.0}, 10000.0)
+    assert as_float == llama3 and isinstance(as_float.original_max_positions, int)
 
 
 def test_llama3_scaling_keeps_high_interpolates_low_and_blends_between():
@@ -387,6 +390,8 @@ def test_scaling_errors(make, error, match):
     ({"rope_type": "yarn", "factor": 4.0}, r"type 'yarn' needs 'original_max_position_embeddings'"),
     ({"rope_type": "dynamic", "factor": 8.0}, r"type 'dynamic', which attnkit's RoPE does not implement; use one of"),
     ({"rope_type": "llama3", "factor": 8.0}, r"type 'llama3' needs 'original_max_position_embeddings'"),
+    ({"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8192, "high_freq_factor": 4.0},
+     r"type 'llama3' needs \['low_freq_factor'\], got .*; LLaMA 3.1 uses 'low_freq_factor': 1.0"),
 ])
 def test_scaling_dict_errors(params, match):
     with pytest.raises(AttnkitValueError, match=match):

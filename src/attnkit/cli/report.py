@@ -33,6 +33,7 @@ def add_parser(sub) -> None:
     p.add_argument("--max-tokens", type=int, default=None,
                    help="longer inputs are refused (default 2048: the report holds 4 L^2 bytes per head and layer)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--overwrite", action="store_true", help="replace an existing --out that is not an attnkit report")
     p.set_defaults(run=run)
 
 
@@ -54,12 +55,13 @@ def run(args) -> int:
     from attnkit.diagnostics.report.encode import human_bytes
     from attnkit.diagnostics.targets import load_target
 
-    torch.manual_seed(args.seed)
-    start = time.perf_counter()
-    model, fresh = load_target(args.target, encoder=args.encoder)
     metrics = metrics_file(args.target)
     out = args.out or (Path(args.target) / "report.html" if metrics is not None and Path(args.target).is_dir()
                        else Path("attention_report.html"))
+    check_out(out, args.overwrite)  # before the model loads: a typo costs nothing
+    torch.manual_seed(args.seed)
+    start = time.perf_counter()
+    model, fresh = load_target(args.target, encoder=args.encoder)
     title = args.title or f"attnkit report: {args.target}"
     max_tokens = MAX_TOKENS if args.max_tokens is None else args.max_tokens
     ids, labels = tokenize(model, args.text, _run_tokenizer(args.target)) if args.text else (args.text, None)
@@ -82,6 +84,26 @@ def run(args) -> int:
           + f"attention and page {done - loaded - doctor_s:.1f} s)")
     print(f"wrote {path} ({human_bytes(path.stat().st_size)}); open it in a browser: {path.resolve().as_uri()}")
     return 0
+
+
+def check_out(out: Path, overwrite: bool) -> None:
+    """Refuse an ``--out`` that would destroy something: a folder, a name without ``.html``, or an existing file
+    that is not an attnkit report (a model's weights, a config) unless ``overwrite``. An earlier report is
+    replaced."""
+    from attnkit.diagnostics.report.page import CSP
+    from attnkit.errors import AttnkitValueError
+
+    if out.is_dir():
+        raise AttnkitValueError(f"--out {str(out)!r} is a folder; give a file name such as {str(out / 'report.html')!r}.")
+    if out.suffix.lower() not in (".html", ".htm"):
+        raise AttnkitValueError(f"--out {str(out)!r} does not end in .html; the report is an HTML page: use e.g. "
+                                f"{str(out.with_suffix('.html'))!r}.")
+    if out.exists() and not overwrite:
+        with open(out, "rb") as f:
+            head = f.read(4096)
+        if f'content="{CSP}"'.encode() not in head:
+            raise AttnkitValueError(f"--out {str(out)!r} exists and is not an attnkit report; pick another --out, or "
+                                    "pass --overwrite to replace it.")
 
 
 def _run_tokenizer(target: str):

@@ -60,7 +60,10 @@ def load_hf_folder(path: Path, *, encoder: bool = False):
     config = tf.AutoConfig.from_pretrained(path, trust_remote_code=False, local_files_only=True)
     auto = tf.AutoModelForMaskedLM if encoder or config.model_type in HF_ENCODER_TYPES else tf.AutoModelForCausalLM
     if any(path.glob("*.safetensors")) or any(path.glob("*.bin")):
-        return auto.from_pretrained(path, trust_remote_code=False, local_files_only=True).eval(), None
+        from attnkit.integrations.hf.folders import load_pretrained
+
+        # an encoder's masked-LM head may be absent (a sentence-embedding checkpoint): only attention is examined
+        return load_pretrained(auto, path, optional=("cls.", "pooler.")), None
     return auto.from_config(config, trust_remote_code=False).eval(), True
 
 

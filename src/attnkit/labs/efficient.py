@@ -18,7 +18,7 @@ from attnkit import masks
 from attnkit.backends import attention
 from attnkit.bench.common import round_robin
 from attnkit.functional.linear import linear_attention
-from attnkit.labs.harness import evaluate, seeded, text_data, tiny_lm, train
+from attnkit.labs.harness import evaluate, learned, seeded, text_data, tiny_lm, train
 from attnkit.labs.registry import lab
 from attnkit.labs.report import Claim, fmt
 from attnkit.labs.variants import lab_attention
@@ -92,6 +92,7 @@ SIZES = {
 }
 
 Q = lambda m, k: m["quality"][k]["val_loss"]  # noqa: E731
+FULL_LEARNED = lambda m: learned(Q(m, "full"), "full attention")  # noqa: E731  (every quality claim's reference)
 
 
 def _mem_ratio(m, kind):
@@ -103,11 +104,13 @@ CLAIMS = [
     Claim("Local patterns (sliding window, strided) cost little quality on text, where most signal is local",
           "window and strided validation loss each <= 1.05 x full attention's",
           lambda m: (f"full {fmt(Q(m, 'full'))}, window {fmt(Q(m, 'window'))}, strided {fmt(Q(m, 'strided'))}",
-                     [Q(m, "window") <= 1.05 * Q(m, "full"), Q(m, "strided") <= 1.05 * Q(m, "full")])),
+                     [Q(m, "window") <= 1.05 * Q(m, "full"), Q(m, "strided") <= 1.05 * Q(m, "full")]),
+          needs=FULL_LEARNED),
     Claim("Linear attention trades quality for speed",
           "linear attention's validation loss >= 1.02 x full attention's",
           lambda m: (f"linear {fmt(Q(m, 'linear'))} vs full {fmt(Q(m, 'full'))}",
-                     [Q(m, "linear") >= 1.02 * Q(m, "full")])),
+                     [Q(m, "linear") >= 1.02 * Q(m, "full")]),
+          needs=FULL_LEARNED),
     Claim("Linear attention overtakes full attention beyond a crossover length",
           "linear faster than full (forward + backward) at some measured length",
           lambda m: (f"crossover {m['crossover']['linear'] or 'none'} (measured "

@@ -86,6 +86,20 @@ def text_data(train_bytes: int = 2_000_000, val_bytes: int = 200_000) -> TextDat
 
 VOCAB = ByteTokenizer.vocab_size
 
+#: a model counts as trained when its loss is below this fraction of ln(VOCAB) (a uniform guess's loss); claims
+#: whose evidence is a trained model's loss are "not measured", never "holds", when it is still near chance
+LEARNED_FRACTION = 0.9
+
+
+def learned(loss: float, who: str, vocab: int = VOCAB) -> float:
+    """``loss`` itself when ``who`` learned something (``loss < 0.9 ln(vocab)``); otherwise a ``ValueError``,
+    which the lab report turns into "not measured" with this message."""
+    floor = LEARNED_FRACTION * math.log(vocab)
+    if not loss < floor:
+        raise ValueError(f"{who} did not learn: loss {loss:.3g} >= {LEARNED_FRACTION} x ln({vocab}) = {floor:.3g} "
+                         "(run longer than this size)")
+    return loss
+
 
 # ------------------------------------------------------------------------------------------- synthetic tasks
 

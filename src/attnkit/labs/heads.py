@@ -16,7 +16,7 @@ import torch
 
 from attnkit.diagnostics.capture import capture
 from attnkit.diagnostics.metrics import head_metrics
-from attnkit.labs.harness import evaluate, seeded, text_data, tiny_lm, train
+from attnkit.labs.harness import evaluate, learned, seeded, text_data, tiny_lm, train
 from attnkit.labs.registry import lab
 from attnkit.labs.report import Claim, fmt
 
@@ -94,17 +94,21 @@ SIZES = {
 }
 
 R = lambda m, h: m["runs"][str(h)]  # noqa: E731
+SOME_LEARNED = lambda m: learned(min(R(m, h)["val_loss"] for h in m["heads"]), "the best head count")  # noqa: E731
+PRUNED_LEARNED = lambda m: learned(m["prune"]["base"], f"the {m['prune_heads']}-head model")  # noqa: E731
 
 CLAIMS = [
     Claim("Several heads beat one head of the same total width",
           "the best validation loss among 2, 4 and 8 heads <= 0.98 x the 1-head loss",
           lambda m: (", ".join(f"H={h} {fmt(R(m, h)['val_loss'])}" for h in m["heads"]),
-                     [min(R(m, h)["val_loss"] for h in m["heads"] if 1 < h <= 8) <= 0.98 * R(m, 1)["val_loss"]])),
+                     [min(R(m, h)["val_loss"] for h in m["heads"] if 1 < h <= 8) <= 0.98 * R(m, 1)["val_loss"]]),
+          needs=SOME_LEARNED),
     Claim("Too many heads leave each too small a head dimension (here 16 heads of dim 4)",
           "16-head validation loss >= 1.02 x the best loss of any head count",
           lambda m: (f"H={max(m['heads'])} {fmt(R(m, max(m['heads']))['val_loss'])} vs best "
                      f"{fmt(min(R(m, h)['val_loss'] for h in m['heads']))}",
-                     [R(m, max(m["heads"]))["val_loss"] >= 1.02 * min(R(m, h)["val_loss"] for h in m["heads"])])),
+                     [R(m, max(m["heads"]))["val_loss"] >= 1.02 * min(R(m, h)["val_loss"] for h in m["heads"])]),
+          needs=SOME_LEARNED),
     Claim("More heads at a fixed width cost little extra time (same FLOPs, smaller matmuls)",
           "median step time with the most heads <= 1.5 x with one head",
           lambda m: (", ".join(f"H={h} {fmt(R(m, h)['step_ms'])} ms" for h in m["heads"]),
@@ -114,14 +118,16 @@ CLAIMS = [
           lambda m: (f"H={m['prune_heads']}: JS per layer "
                      + ", ".join(fmt(v) for v in R(m, m["prune_heads"])["js_divergence"]),
                      [sum(R(m, m["prune_heads"])["js_divergence"]) / len(R(m, m["prune_heads"])["js_divergence"])
-                      >= 0.05])),
+                      >= 0.05]),
+          needs=PRUNED_LEARNED),
     Claim("Most heads can be pruned at test time (Voita et al.; Michel et al.)",
           "removing the least important 50% of the heads raises the validation loss by <= 5%",
           lambda m: (f"H={m['prune_heads']}: loss {fmt(m['prune']['base'])} -> "
                      f"{fmt(m['prune']['loss_after_pruning']['0.5'])} with half the heads removed; 25%: "
                      f"{fmt(m['prune']['loss_after_pruning']['0.25'])}, 75%: "
                      f"{fmt(m['prune']['loss_after_pruning']['0.75'])}",
-                     [m["prune"]["loss_after_pruning"]["0.5"] <= 1.05 * m["prune"]["base"]])),
+                     [m["prune"]["loss_after_pruning"]["0.5"] <= 1.05 * m["prune"]["base"]]),
+          needs=PRUNED_LEARNED),
 ]
 
 

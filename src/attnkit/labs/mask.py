@@ -14,7 +14,7 @@ import torch
 
 from attnkit.backends import attention
 from attnkit.functional.reference import reference_attention
-from attnkit.labs.harness import IGNORE, evaluate, seeded, text_data, tiny_lm, train
+from attnkit.labs.harness import IGNORE, evaluate, learned, seeded, text_data, tiny_lm, train
 from attnkit.labs.registry import lab
 from attnkit.labs.report import Claim, fmt
 from attnkit.labs.variants import lab_attention, mask_after_softmax
@@ -141,6 +141,7 @@ SIZES = {
 }
 
 C = lambda m, key: m["constants"][key]  # noqa: E731
+CORRECT_LEARNED = lambda m: learned(m["train"]["correct"]["teacher_forced"], "the correct model")  # noqa: E731
 
 CLAIMS = [
     Claim("Masking after the softmax leaves rows that do not sum to 1",
@@ -163,11 +164,13 @@ CLAIMS = [
                      f"{fmt(m['train']['after']['prefix'])} prefix; correct {fmt(m['train']['correct']['teacher_forced'])}"
                      f" vs {fmt(m['train']['correct']['prefix'])}",
                      [m["train"]["after"]["prefix"] >= 1.05 * m["train"]["after"]["teacher_forced"],
-                      abs(m["train"]["correct"]["prefix"] / m["train"]["correct"]["teacher_forced"] - 1) <= 0.01])),
+                      abs(m["train"]["correct"]["prefix"] / m["train"]["correct"]["teacher_forced"] - 1) <= 0.01]),
+          needs=CORRECT_LEARNED),
     Claim("At generation time the buggy model is worse than the correct one",
           "prefix-only loss: bug >= 1.05 x correct",
           lambda m: (f"bug {fmt(m['train']['after']['prefix'])} vs correct {fmt(m['train']['correct']['prefix'])}",
-                     [m["train"]["after"]["prefix"] >= 1.05 * m["train"]["correct"]["prefix"]])),
+                     [m["train"]["after"]["prefix"] >= 1.05 * m["train"]["correct"]["prefix"]]),
+          needs=CORRECT_LEARNED),
     Claim("-1e9 overflows float16 to -inf, and fully masked rows turn NaN; a boolean mask with a safe softmax "
           "does not",
           "float16 scores + a -1e9 float mask cast to float16: NaN rows > 0; attnkit bool mask: 0 NaN rows in "

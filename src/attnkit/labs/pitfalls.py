@@ -15,7 +15,17 @@ import math
 
 from torch import nn
 
-from attnkit.labs.harness import VOCAB, TextData, evaluate, loss_at_lengths, seeded, text_data, tiny_lm, train
+from attnkit.labs.harness import (
+    VOCAB,
+    TextData,
+    evaluate,
+    learned,
+    loss_at_lengths,
+    seeded,
+    text_data,
+    tiny_lm,
+    train,
+)
 from attnkit.labs.registry import lab
 from attnkit.labs.report import Claim, fmt
 
@@ -104,13 +114,15 @@ CLAIMS = [
     Claim("... and the large initialisation still trains worse after the same steps",
           "validation loss after training: std 1.0 >= 1.2 x std 0.02",
           lambda m: (f"std 1.0: {fmt(I(m, '1.0')['val_loss'])}, std 0.02: {fmt(I(m, '0.02')['val_loss'])}",
-                     [I(m, "1.0")["val_loss"] >= 1.2 * I(m, "0.02")["val_loss"]])),
+                     [I(m, "1.0")["val_loss"] >= 1.2 * I(m, "0.02")["val_loss"]]),
+          needs=lambda m: learned(I(m, "0.02")["val_loss"], "the std 0.02 model")),
     Claim("Attention dropout narrows the train / validation gap on a small dataset",
           "gap (val - train loss) with dropout 0.1 <= 0.8 x the gap with dropout 0",
           lambda m: (f"gap: dropout 0 {fmt(D(m, '0.0')['gap'])} (train {fmt(D(m, '0.0')['train_loss'])}, val "
                      f"{fmt(D(m, '0.0')['val_loss'])}); dropout 0.1 {fmt(D(m, '0.1')['gap'])} (train "
                      f"{fmt(D(m, '0.1')['train_loss'])}, val {fmt(D(m, '0.1')['val_loss'])})",
-                     [D(m, "0.1")["gap"] <= 0.8 * D(m, "0.0")["gap"]])),
+                     [D(m, "0.1")["gap"] <= 0.8 * D(m, "0.0")["gap"]]),
+          needs=lambda m: learned(D(m, "0.0")["train_loss"], "the model without dropout")),
     Claim("Positions added after the normalisation train less stably than positions that go through it",
           "at a high learning rate, LN(tok) + pos vs LN(tok + pos): final validation loss >= 1.02 x, or the "
           "largest gradient norm >= 1.5 x",
@@ -118,11 +130,13 @@ CLAIMS = [
                      f"{N(m, 'after')['spikes']} spikes; before: loss {fmt(N(m, 'before')['val_loss'])}, max grad "
                      f"{fmt(N(m, 'before')['max_grad_norm'])}, {N(m, 'before')['spikes']} spikes",
                      [N(m, "after")["val_loss"] >= 1.02 * N(m, "before")["val_loss"]
-                      or N(m, "after")["max_grad_norm"] >= 1.5 * N(m, "before")["max_grad_norm"]])),
+                      or N(m, "after")["max_grad_norm"] >= 1.5 * N(m, "before")["max_grad_norm"]]),
+          needs=lambda m: learned(N(m, "before")["val_loss"], "the LN(tok + pos) model")),
     Claim("Trained short, tested long: the loss climbs past the training length (library default, RoPE)",
           "loss at 4L >= 1.1 x loss at L",
           lambda m: (", ".join(f"{k}: {fmt(v)}" for k, v in S(m).items()),
-                     [list(S(m).values())[2] >= 1.1 * list(S(m).values())[0]])),
+                     [list(S(m).values())[2] >= 1.1 * list(S(m).values())[0]]),
+          needs=lambda m: learned(list(S(m).values())[0], "the model at its training length")),
 ]
 
 

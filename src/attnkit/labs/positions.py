@@ -12,7 +12,7 @@ refuses (a typed error), which is what we record.
 
 from __future__ import annotations
 
-from attnkit.labs.harness import loss_at_lengths, seeded, text_data, tiny_lm, train
+from attnkit.labs.harness import learned, loss_at_lengths, seeded, text_data, tiny_lm, train
 from attnkit.labs.registry import lab
 from attnkit.labs.report import Claim, fmt
 
@@ -26,6 +26,11 @@ def ratio(m: dict, scheme: str, factor: int) -> float:
     losses = m["losses"][scheme]
     L = m["train_len"]
     return losses[str(factor * L)] / losses[str(L)]
+
+
+def trained(*schemes: str):
+    """``needs=``: each of ``schemes`` learned something at the training length."""
+    return lambda m: [learned(m["losses"][s][str(m["train_len"])], f"the {s} model") for s in schemes]
 
 
 def press_ratio(scheme: str) -> float:
@@ -47,20 +52,24 @@ CLAIMS = [
           "each scheme's loss at L within 5% of the best scheme's loss at L",
           lambda m: (", ".join(f"{s} {fmt(m['losses'][s][str(m['train_len'])])}" for s in SCHEMES),
                      [m["losses"][s][str(m["train_len"])] <= 1.05 * min(m["losses"][t][str(m["train_len"])]
-                                                                         for t in SCHEMES) for s in SCHEMES])),
+                                                                         for t in SCHEMES) for s in SCHEMES]),
+          needs=lambda m: learned(min(m["losses"][s][str(m["train_len"])] for s in SCHEMES), "the best scheme")),
     Claim("ALiBi extrapolates (Press et al.: 19.73 -> 18.3 ppl)",
           "ALiBi loss at 4L within 5% of its loss at L, and at 8L within 10%",
           lambda m: (f"ALiBi loss ratio 4L/L {fmt(ratio(m, 'alibi', 4))}, 8L/L {fmt(ratio(m, 'alibi', 8))}",
-                     [ratio(m, "alibi", 4) <= 1.05, ratio(m, "alibi", 8) <= 1.10])),
+                     [ratio(m, "alibi", 4) <= 1.05, ratio(m, "alibi", 8) <= 1.10]),
+          needs=trained("alibi")),
     Claim("Sinusoidal positions do not extrapolate (Press et al.: 20.05 -> 406 ppl, loss x2.0)",
           "sinusoidal loss at 4L >= 1.5 x its loss at L",
           lambda m: (f"sinusoidal loss ratio 4L/L {fmt(ratio(m, 'sinusoidal', 4))} (Press: "
-                     f"{fmt(press_ratio('sinusoidal'))})", [ratio(m, "sinusoidal", 4) >= 1.5])),
+                     f"{fmt(press_ratio('sinusoidal'))})", [ratio(m, "sinusoidal", 4) >= 1.5]),
+          needs=trained("sinusoidal")),
     Claim("Rotary sits in between (Press et al.: 20.07 -> 79 ppl, loss x1.46)",
           "RoPE's 4L/L loss ratio above ALiBi's and below sinusoidal's",
           lambda m: (f"4L/L: ALiBi {fmt(ratio(m, 'alibi', 4))}, RoPE {fmt(ratio(m, 'rope', 4))}, sinusoidal "
                      f"{fmt(ratio(m, 'sinusoidal', 4))}",
-                     [ratio(m, "alibi", 4) < ratio(m, "rope", 4), ratio(m, "rope", 4) < ratio(m, "sinusoidal", 4)])),
+                     [ratio(m, "alibi", 4) < ratio(m, "rope", 4), ratio(m, "rope", 4) < ratio(m, "sinusoidal", 4)]),
+          needs=trained("alibi", "rope", "sinusoidal")),
     Claim("Learned absolute positions cannot go past their table at all",
           "evaluation at 2L refuses with an error (no silent wrap-around or clamping)",
           lambda m: (str(m["losses"]["learned"][str(2 * m["train_len"])])[:140],

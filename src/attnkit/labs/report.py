@@ -1,7 +1,9 @@
 """Claims with pass bands fixed in code, verdicts, and the files every lab writes.
 
 A :class:`Claim` is the tutorial's sentence, its pass band in words, and ``judge(m) -> (measured, parts)``: the
-measured numbers as text and one boolean per part of the band. The verdict follows from the parts alone:
+measured numbers as text and one boolean per part of the band. ``needs(m)``, when given, checks the evidence the
+claim rests on first (e.g. that the reference model learned something): a ``ValueError`` there makes the claim
+"not measured" with its message, never a verdict on an untrained model. The verdict follows from the parts alone:
 all hold -> ``holds``; none -> ``does not hold at this scale``; some -> ``mixed``. Claims are module-level
 constants in each lab, written before any number is measured; nothing here reads a result to choose a band.
 
@@ -26,9 +28,12 @@ class Claim:
     claim: str
     band: str
     judge: Callable[[dict], tuple[str, list[bool]]]
+    needs: Callable[[dict], object] | None = None
 
     def verdict(self, measurements: dict) -> dict:
         try:
+            if self.needs is not None:
+                self.needs(measurements)
             measured, parts = self.judge(measurements)
         except (KeyError, TypeError, ValueError, ZeroDivisionError) as exc:  # a measurement is missing
             return {"claim": self.claim, "band": self.band, "measured": f"not measured ({exc})",

@@ -14,7 +14,7 @@ import torch
 
 from attnkit.diagnostics.capture import capture
 from attnkit.diagnostics.metrics import head_metrics
-from attnkit.labs.harness import seeded, text_data, tiny_lm, train
+from attnkit.labs.harness import learned, seeded, text_data, tiny_lm, train
 from attnkit.labs.registry import lab
 from attnkit.labs.report import Claim, fmt
 from attnkit.nn import MultiHeadAttention
@@ -143,12 +143,14 @@ CLAIMS = [
           "final training loss (mean of the last 20 steps) unscaled >= 1.05 x scaled",
           lambda m: (f"unscaled {fmt(m['train']['unscaled']['final_loss'])} vs scaled "
                      f"{fmt(m['train']['scaled']['final_loss'])}",
-                     [m["train"]["unscaled"]["final_loss"] >= 1.05 * m["train"]["scaled"]["final_loss"]])),
+                     [m["train"]["unscaled"]["final_loss"] >= 1.05 * m["train"]["scaled"]["final_loss"]]),
+          needs=lambda m: learned(m["train"]["scaled"]["final_loss"], "the scaled model")),
     Claim("During training the unscaled model's attention turns more one-hot than the scaled one's",
-          "near one-hot share at the end: unscaled >= 2 x scaled and >= 10%",
+          "near one-hot share at the end: unscaled >= 2 x scaled (and above it) and >= 10%",
           lambda m: (f"unscaled {fmt(m['train']['unscaled']['one_hot_share'][-1])} vs scaled "
                      f"{fmt(m['train']['scaled']['one_hot_share'][-1])}",
-                     [m["train"]["unscaled"]["one_hot_share"][-1] >= 2 * m["train"]["scaled"]["one_hot_share"][-1],
+                     [m["train"]["unscaled"]["one_hot_share"][-1] >= 2 * m["train"]["scaled"]["one_hot_share"][-1]
+                      and m["train"]["unscaled"]["one_hot_share"][-1] > m["train"]["scaled"]["one_hot_share"][-1],
                       m["train"]["unscaled"]["one_hot_share"][-1] >= 0.1])),
 ]
 

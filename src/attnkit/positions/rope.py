@@ -216,9 +216,15 @@ def scaling_from_dict(params: Mapping, base: float) -> RopeScaling | None:
     if kind in ("yarn", "llama3") and original is None:
         raise AttnkitValueError(f"scaling dict of type {kind!r} needs 'original_max_position_embeddings' (the "
                                 f"trained context length), got {dict(params)}; add it, e.g. 4096.")
+    if isinstance(original, float) and original.is_integer():
+        original = int(original)  # JSON configs sometimes write 8192.0
     if kind == "llama3":
-        return Llama3Scaling(factor, original, low_freq_factor=params.get("low_freq_factor", 1.0),
-                             high_freq_factor=params.get("high_freq_factor", 4.0))
+        absent = [k for k in ("low_freq_factor", "high_freq_factor") if k not in params]
+        if absent:  # as transformers: no silent default for what defines the bands
+            raise AttnkitValueError(f"scaling dict of type 'llama3' needs {absent}, got {dict(params)}; LLaMA 3.1 "
+                                    "uses 'low_freq_factor': 1.0, 'high_freq_factor': 4.0.")
+        return Llama3Scaling(factor, original, low_freq_factor=params["low_freq_factor"],
+                             high_freq_factor=params["high_freq_factor"])
     if kind == "yarn":
         attention_factor = params.get("attention_factor")
         if attention_factor is None and params.get("mscale") and params.get("mscale_all_dim"):
@@ -332,6 +338,19 @@ class RoPE(nn.Module):
             self.__dict__.setdefault("_tables", {})[key] = table
         return table[0][:, :length], table[1][:, :length]  # (1, L, D/2) x2
 
+    def _cos_sin_at(self, positions: torch.Tensor, dtype: torch.dtype, length: int):
+        """cos and sin ``(B|1, L, D/2)`` at ``positions (B|1, L)``: rows of the ``arange`` table (the same numbers,
+        gathered instead of recomputed; packed rows restart their positions below L) when every position lies in
+        the table of this length, else computed. On CPU only: elsewhere the range check would be a sync per call."""
+        if positions.device.type != "cpu" or positions.numel() == 0 or torch.compiler.is_compiling():
+            return self.cos_sin(positions, dtype)
+        cos, sin = self._default_cos_sin(length, dtype, positions.device)  # (1, L, D/2) slices of the table
+        table = self._tables[(dtype, positions.device, torch.is_inference_mode_enabled())]  # (1, n, D/2) x2
+        lo, hi = positions.aminmax()
+        if int(lo) < 0 or int(hi) >= table[0].shape[1]:
+            return self.cos_sin(positions, dtype)
+        return table[0][0][positions], table[1][0][positions]  # (B|1, L, D/2) x2
+
     def _apply(self, fn, recurse=True):
         self.__dict__.pop("_tables", None)  # .to() / .double(): tables are rebuilt for the new device and dtype
         return super()._apply(fn, recurse)
@@ -343,8 +362,11 @@ class RoPE(nn.Module):
         if positions is None:
             cos, sin = self._default_cos_sin(x.shape[2], compute, x.device)  # (1, L, D/2) each
         else:
-            cos, sin = self.cos_sin(positions, compute)  # (B|1, L, D/2) each
+            cos, sin = self._cos_sin_at(positions, compute, x.shape[2])  # (B|1, L, D/2) each
         cos, sin = cos[:, None], sin[:, None]  # (B|1, 1, L, D/2)
+        if self.style == "half" and not (cos.requires_grad or sin.requires_grad or torch.compiler.is_compiling()):
+            return _HalfRotation.apply(x, cos, sin, 1.0).to(x.dtype)  # (B, H, L, D), computed in cos's dtype
+        # (compiled: the plain expression below, which the compiler fuses itself)
         xf = x.to(compute)  # (B, H, L, D)
         if self.style == "half":
             x1, x2 = xf.chunk(2, dim=-1)  # (B, H, L, D/2) each (chunk: its backward is one cat, not zero-fills)
@@ -381,6 +403,28 @@ class RoPE(nn.Module):
             raise AttnkitValueError(f"positions is on {positions.device} but x is on {x.device}; move it with "
                                     ".to(x.device).")
         return positions.reshape(-1, L)  # (B|1, L)
+
+
+class _HalfRotation(torch.autograd.Function):
+    """Half-split rotation ``(x1 cos - x2 sin, x2 cos + x1 sin)`` of ``x (B, H, L, D)`` by ``cos, sin
+    (B|1, 1, L, D/2)`` (``sign=-1``: by minus the angle). A rotation's backward is the inverse rotation, so only
+    cos and sin are saved and each direction is four fused passes over half of ``x`` written into one output
+    (autograd of the plain expression: four products, a sum, a difference and a cat each way)."""
+
+    @staticmethod
+    def forward(ctx, x, cos, sin, sign):
+        ctx.save_for_backward(cos, sin)
+        ctx.sign = sign
+        out = torch.empty(x.shape, dtype=torch.promote_types(x.dtype, cos.dtype), device=x.device)  # (B, H, L, D)
+        (x1, x2), (o1, o2) = x.chunk(2, dim=-1), out.chunk(2, dim=-1)  # (B, H, L, D/2) views
+        torch.mul(x1, cos, out=o1).addcmul_(x2, sin, value=-sign)
+        torch.mul(x2, cos, out=o2).addcmul_(x1, sin, value=sign)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        cos, sin = ctx.saved_tensors
+        return _HalfRotation.apply(grad, cos, sin, -ctx.sign), None, None, None  # differentiable again
 
 
 # ------------------------------------------------------------------------------------------------ layout convert

@@ -23,7 +23,8 @@ from attnkit.training import checkpoint as ckpt
 
 LOCK = ".attnkit.lock"
 ASIDE = ".replaced"
-OUTPUTS = ("checkpoints", "config.json", "metrics.jsonl", "loss.png")  # what a run writes into its folder
+# what a run writes into its folder (a converted run also carries its model's tokenizer: a new run replaces it too)
+OUTPUTS = ("checkpoints", "config.json", "metrics.jsonl", "loss.png", "tokenizer")
 
 
 class RunInUseError(EnvironmentUnsupportedError):
@@ -37,8 +38,9 @@ class RunFolderError(AttnkitValueError):
 class RunFolder:
     """The lock and the replace-only-after-success bookkeeping of one run folder (rank 0 only)."""
 
-    def __init__(self, path: str | Path, *, log=print):
+    def __init__(self, path: str | Path, *, log=print, option: str = "--run-dir"):
         self.path, self.log, self._fd, self._aside = Path(path), log, None, None
+        self.option = option  # how the command that writes the folder names it, for the messages
 
     # ---------------------------------------------------------------------------------------------- lock
     def acquire(self) -> RunFolder:
@@ -76,19 +78,22 @@ class RunFolder:
     # ---------------------------------------------------------------------------------------------- replace
     def check_fresh(self, overwrite: bool) -> None:
         """Refuse to start a new run where it would destroy something, unless ``overwrite``."""
+        if not self.path.is_dir():
+            return  # nothing there yet (acquire refuses a file)
         if ckpt.list_checkpoints(self.path):
             if not overwrite:
+                resume = f"continue it with --resume {self.path}, " if self.option == "--run-dir" else ""
                 raise RunFolderError(
-                    f"run_dir {str(self.path)!r} already holds checkpoints; continue it with --resume {self.path}, "
-                    "pick another --run-dir, or pass --overwrite to start it afresh (the old run is kept until the "
-                    "new one has written its first checkpoint).")
+                    f"{self.option} {str(self.path)!r} already holds checkpoints; {resume}pick another {self.option}, "
+                    "or pass --overwrite to replace it (the old run is kept until the new one has written its first "
+                    "checkpoint).")
             return
         others = sorted(p.name for p in self.path.iterdir() if p.name not in (LOCK, ASIDE))
         if others and not is_run_folder(self.path) and not overwrite:
             raise RunFolderError(
-                f"run_dir {str(self.path)!r} is not empty and is not an attnkit run (it holds {others[:5]}); a new run "
-                f"would replace {[n for n in OUTPUTS if n in others] or 'nothing but would mix its files in'}: pick an "
-                "empty or new --run-dir, or pass --overwrite.")
+                f"{self.option} {str(self.path)!r} is not empty and is not an attnkit run (it holds {others[:5]}); a new "
+                f"run would replace {[n for n in OUTPUTS if n in others] or 'nothing but would mix its files in'}: "
+                f"pick an empty or new {self.option}, or pass --overwrite.")
 
     def set_aside(self) -> None:
         """Move the outputs an old run left into ``.replaced/`` (restored if the new run fails early)."""

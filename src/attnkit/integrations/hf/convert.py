@@ -24,6 +24,7 @@ Shape legend: E hidden size, H heads, Hkv key/value heads, D head dim, F MLP hid
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -293,9 +294,23 @@ def config_from_hf(hf_config) -> LMConfig:
     return LMConfig(**family_of(hf_config.model_type).config(hf_config))
 
 
+#: the dropout fields of the supported families' configs (training-time only: eval outputs don't depend on them)
+_DROPOUT_FIELDS = ("attention_dropout", "attn_pdrop", "resid_pdrop", "embd_pdrop", "hidden_dropout_prob",
+                   "attention_probs_dropout_prob")
+
+
+def source_dropout(hf_config) -> dict[str, float]:
+    """The nonzero dropout rates of a transformers config, by field name."""
+    return {f: float(getattr(hf_config, f)) for f in _DROPOUT_FIELDS if getattr(hf_config, f, 0.0)}
+
+
 def from_hf(hf_model, *, dtype: torch.dtype | None = None) -> TransformerLM:
     """An attnkit :class:`TransformerLM` with the weights of a transformers model (``*ForCausalLM``,
-    ``*LMHeadModel``, ``*Model``), in eval mode, in ``dtype`` (default: the HF model's)."""
+    ``*LMHeadModel``, ``*Model``), in eval mode, in ``dtype`` (default: the HF model's).
+
+    The converted model's ``dropout`` is 0: its outputs equal the HF model's in eval mode. The HF config's own
+    training-time dropout rates (separate per sublayer there, one ``LMConfig.dropout`` in attnkit) are not
+    carried over; a warning names them so that fine-tuning can set ``dropout`` on purpose."""
     if not hasattr(hf_model, "config") or not hasattr(hf_model, "state_dict"):
         raise AttnkitTypeError(f"hf_model must be a transformers PreTrainedModel, got {describe(hf_model)}; load "
                                "one with transformers.AutoModelForCausalLM.from_pretrained(path).")
@@ -315,6 +330,11 @@ def from_hf(hf_model, *, dtype: torch.dtype | None = None) -> TransformerLM:
             raise AttnkitValueError("the model has untied output embeddings but no LM head to read them from; "
                                     "convert the *ForCausalLM class.")
         tensors["head.weight"] = head.weight
+    rates = source_dropout(hf_model.config)
+    if rates:
+        warnings.warn(f"{hf_model.config.model_type}: the converted model has dropout 0 (eval outputs are exact); "
+                      f"the Hugging Face config trains with {rates}, which attnkit's single dropout= does not "
+                      "reproduce per sublayer. Set LMConfig(dropout=...) yourself before fine-tuning.", stacklevel=2)
     model = TransformerLM(cfg)
     dtype = dtype or next(hf_model.parameters()).dtype
     model.to(dtype)

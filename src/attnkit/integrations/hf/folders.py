@@ -33,7 +33,41 @@ def load_hf(path: str | Path, *, dtype: torch.dtype = torch.float32):
     config = tf.AutoConfig.from_pretrained(folder, trust_remote_code=False, local_files_only=True)
     family = family_of(config.model_type)
     auto = tf.AutoModelForCausalLM if family.causal_lm else tf.AutoModel
-    return auto.from_pretrained(folder, dtype=dtype, trust_remote_code=False, local_files_only=True).eval()
+    return load_pretrained(auto, folder, optional=("pooler.",), dtype=dtype)  # BERT's pooler is not converted
+
+
+def load_pretrained(auto, folder: Path, *, optional: tuple[str, ...] = (), **kwargs):
+    """``auto.from_pretrained(folder)`` in eval mode, local files only, never running the folder's code, and
+    checked: a weight file that can't be read (pickled objects beyond plain tensors, a corrupt safetensors file)
+    raises :class:`~attnkit.errors.AttnkitValueError` naming the folder, and so does a parameter the files lack
+    (transformers would fill it with random values) unless its name starts with one of ``optional`` (a head the
+    caller does not use)."""
+    import pickle
+
+    try:
+        model, info = auto.from_pretrained(folder, trust_remote_code=False, local_files_only=True,
+                                           output_loading_info=True, **kwargs)
+    except pickle.UnpicklingError as exc:
+        found = [line.strip() for line in str(exc).splitlines() if "GLOBAL" in line][:1]  # what the pickle calls
+        raise AttnkitValueError(
+            f"the weights in {str(folder)!r} are a pickle that holds more than plain tensors"
+            f"{' (' + found[0] + ')' if found else ''}, and attnkit loads pickles only as tensors (torch.load "
+            "weights_only=True): never load it with weights_only=False unless you trust its source; save the "
+            "weights as model.safetensors from a trusted copy.") from exc
+    except Exception as exc:  # safetensors' error type is not importable portably (SafetensorError)
+        if type(exc).__name__ != "SafetensorError":
+            raise
+        raise AttnkitValueError(f"the weights in {str(folder)!r} are not a readable safetensors file ({exc}); "
+                                "restore or re-save model.safetensors.") from exc
+    missing = sorted(k for k in (*info.get("missing_keys", ()), *(m[0] if isinstance(m, tuple) else m
+                                                                  for m in info.get("mismatched_keys", ())))
+                     if not k.startswith(optional))
+    if missing:
+        raise AttnkitValueError(
+            f"the weights in {str(folder)!r} lack {len(missing)} parameter(s) the model needs ({missing[:4]}"
+            f"{' ...' if len(missing) > 4 else ''}); transformers would fill them with random values. Restore the "
+            "complete weight files (all shards of model.safetensors).")
+    return model.eval()
 
 
 def save_tokenizer(path, where: Path) -> bool:

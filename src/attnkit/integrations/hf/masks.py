@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from attnkit import masks
+from attnkit.errors import AttnkitValueError
 
 _HF_MODULE = "transformers.masking_utils"
 
@@ -73,6 +74,13 @@ def mask_interface(batch_size: int, q_length: int, kv_length: int, q_offset=0, k
     ``sdpa_mask``); returns an :class:`HFMask` for :func:`attnkit.integrations.hf.attention_forward`."""
     from transformers.masking_utils import causal_mask_function, prepare_padding_mask, sdpa_mask
 
+    if isinstance(attention_mask, HFMask):  # generate with a compileable (static) cache built it for this step
+        if (attention_mask.q_len, attention_mask.kv_len) != (q_length, kv_length):
+            raise AttnkitValueError(
+                f"attention_mask is an attnkit mask built for Lq={attention_mask.q_len}, Lk={attention_mask.kv_len} "
+                f"but this call has Lq={q_length}, Lk={kv_length}; pass the 2-D padding mask (B, L) instead and let "
+                "the model build the mask.")
+        return attention_mask
     q_offset, kv_offset = int(q_offset), int(kv_offset)  # a StaticCache passes a 0-d tensor
     mask_function = causal_mask_function if mask_function is None else mask_function
     reader = _Reader(device)

@@ -30,17 +30,22 @@ def mean_pool(hidden: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tenso
 
 def load_encoder(path: str | Path, *, attn_implementation: str = "attnkit", dtype: torch.dtype = torch.float32):
     """``(model, tokenizer)`` of the Hugging Face encoder folder ``path`` (``AutoModel`` and ``AutoTokenizer``),
-    in eval mode; the attention implementation defaults to attnkit."""
+    in eval mode; the attention implementation defaults to attnkit. Never runs code from the folder, and refuses
+    weight files that are incomplete or unreadable (:func:`~attnkit.integrations.hf.folders.load_pretrained`)."""
     import attnkit.integrations.hf  # noqa: F401  (registers "attnkit")
     from attnkit.integrations.hf._deps import transformers
+    from attnkit.integrations.hf.folders import load_pretrained
+    from attnkit.integrations.remote_code import read_config
 
     tf = transformers()
     folder = Path(path)
     if not (folder / "config.json").is_file():
         raise AttnkitValueError(f"path={str(path)!r} is not a Hugging Face model folder (no config.json); pass the "
                                 "folder that holds config.json, the weights and the tokenizer.")
-    model = tf.AutoModel.from_pretrained(folder, attn_implementation=attn_implementation, dtype=dtype).eval()
-    return model, tf.AutoTokenizer.from_pretrained(folder)
+    read_config(folder)  # refuses auto_map (custom code) before transformers sees the folder
+    model = load_pretrained(tf.AutoModel, folder, optional=("pooler.",), attn_implementation=attn_implementation,
+                            dtype=dtype)
+    return model, tf.AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
 
 
 def max_length(path: str | Path) -> int | None:
