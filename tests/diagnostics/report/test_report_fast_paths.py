@@ -18,6 +18,7 @@ from attnkit.diagnostics.metrics import head_metrics, head_metrics_reference
 from attnkit.diagnostics.report.collect import prev_token_score
 from attnkit.diagnostics.report.encode import STEP, Buffer, decode_blob, decode_head, encode_layer, thumbnails
 from attnkit.functional.reference import safe_softmax
+from conftest import read_page
 
 U = 2.0 ** -24  # float32 unit roundoff
 DISPLAY_HALF_UNIT = 0.5e-3  # the page prints toFixed(3)
@@ -180,7 +181,6 @@ def test_hf_decoder_through_attnkit_shows_its_eager_weights_without_output_atten
     pytest.importorskip("transformers")
     from attnkit.diagnostics.report import report
     from attnkit.diagnostics.targets import hf_tiny
-    from conftest import read_page
 
     torch.manual_seed(0)
     model = hf_tiny("hf-llama-tiny")  # 2 layers, 4 query heads on 2 KV heads, causal
