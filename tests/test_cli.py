@@ -11,6 +11,14 @@ def test_masks_command_draws_expressions(capsys):
     assert "(causal() & sliding_window(2))\n# . .\n# # .\n. # #" in out
 
 
+def test_masks_command_draws_every_documented_kind(capsys):
+    """chunked(C) and two-sided windows are mask kinds the README documents: the command draws them."""
+    assert main(["masks", "chunked(2) & causal()", "sliding_window(1, 1)", "--size", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "# . . .\n# # . .\n. . # .\n. . # #" in out  # chunks of 2
+    assert "# # . .\n# # # .\n. # # #\n. . # #" in out  # one key each side
+
+
 def test_masks_gallery(capsys):
     assert main(["masks"]) == 0
     assert "document(doc_ids(1, 8))" in capsys.readouterr().out

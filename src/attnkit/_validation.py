@@ -246,6 +246,8 @@ def build_call(q, k, v, mask=None, *, bias=None, scale=None, softcap=None, dropo
     if isinstance(mask, PreparedMask):  # its positions are the call's (given ones must equal them)
         q_positions = mask.same_positions("q_positions", q_positions)
         kv_positions = mask.same_positions("kv_positions", kv_positions)
+        if mask.batch != B:  # prepared for batch 1, broadcast over this call's rows: bound again for them
+            prepared = PreparedMask.for_call(mask.source, q_positions, kv_positions, B, Lq, k.shape[2], q.device)
         mask = mask.source
     elif mask is not None:
         prepared = PreparedMask.for_call(mask, q_positions, kv_positions, B, Lq, k.shape[2], q.device)

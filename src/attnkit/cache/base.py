@@ -3,15 +3,19 @@ mask rules that make cached decoding equal to the full forward.
 
 A cache stores keys and values ``(B, Hkv, Lnew, D)`` of new tokens together with their absolute positions
 ``(B|1, Lnew)``, and returns every key the new queries may need with the absolute position of each. Masks are
-then evaluated on those positions (bottom-right causality, windows, padding), never on "the last n columns",
-so slot order, ring wrap-around and left padding cannot shift a mask.
+then evaluated on those positions (bottom-right causality, windows, padding by position with
+:func:`attnkit.models.generation.padding_by_position`), never on "the last n columns", so slot order, ring
+wrap-around and left padding cannot shift a mask.
 
 Rules enforced by every attnkit cache (typed errors, nothing silently dropped):
 
 - tensors match the cache: batch B, Hkv heads (GQA caches store Hkv heads, not H), head dim D, dtype, device;
 - positions continue the cached sequence row by row: each update's positions are consecutive and start one
   after the last cached position of that row (so a token fed twice, skipped or out of order is an error);
-- a cache that is full says so (:class:`CacheFullError`) instead of dropping keys.
+- a cache that is full says so (:class:`CacheFullError`) instead of dropping keys;
+- parts of a mask defined on key indices (``padding``, ``document``, ``dense``: :func:`index_parts`) are served
+  only where the returned keys are in written order: the sliding cache (a ring) refuses them, the static cache
+  refuses a document mask without ``q_doc_ids`` (its queries are not its last slots).
 
 Shape legend: B batch, Hkv key/value heads, W window, Lnew new tokens, Lk returned keys, D head dim.
 """
@@ -50,6 +54,18 @@ def reach_of(mask: object) -> tuple[int | None, int | None]:
     :meth:`attnkit.masks.MaskSpec.reach`); unbounded for no mask, a tensor or anything else."""
     mask = getattr(mask, "spec", mask)  # a prepared mask answers for its spec
     return mask.reach() if isinstance(mask, MaskSpec) else (None, None)
+
+
+def index_parts(mask: object) -> list[MaskSpec]:
+    """The leaves of ``mask`` defined on key/query *indices* rather than positions (``padding``, ``document``,
+    ``dense``): right only where the cache returns keys in the order they were written."""
+    mask = getattr(mask, "spec", mask)
+    if not isinstance(mask, MaskSpec):
+        return []
+    children = getattr(mask, "parts", None) or ([mask.inner] if hasattr(mask, "inner") else None)
+    if children:
+        return [leaf for child in children for leaf in index_parts(child)]
+    return [] if mask.positional else [mask]
 
 
 def _covers(outer: tuple[int | None, int | None], inner: tuple[int | None, int | None]) -> bool:

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from attnkit._checks import positive_int
-from attnkit.cache.base import CacheBase, reach_of
+from attnkit.cache.base import CacheBase, index_parts, reach_of
 from attnkit.errors import AttnkitValueError
 
 
@@ -48,6 +48,13 @@ class SlidingWindowCache(CacheBase):
                 f"a sliding-window cache of window={self.window} holds only the last {self.window} keys, but "
                 f"mask={mask!r} can see further back; use a mask with ak.masks.sliding_window(w), w <= {self.window} "
                 "(combined with & for padding), or a dynamic/static cache.")
+        by_index = index_parts(mask)
+        if by_index:  # the ring returns keys in slot order, which stops being position order once it wraps
+            raise AttnkitValueError(
+                f"a sliding-window cache returns its keys in ring order, but mask={mask!r} has parts defined on key "
+                f"indices ({', '.join(type(p).__name__ for p in by_index)}), which would point at the wrong keys once "
+                "the ring wraps; express padding by position (attnkit.models.generation.padding_by_position), or use a "
+                "dynamic/static cache.")
 
     def _store(self, k, v, positions):
         W, n, start = self.window, k.shape[2], self.length

@@ -16,7 +16,9 @@ from __future__ import annotations
 import torch
 
 from attnkit._checks import positive_int
-from attnkit.cache.base import EMPTY_POSITION, CacheBase, CacheFullError
+from attnkit.cache.base import EMPTY_POSITION, CacheBase, CacheFullError, index_parts
+from attnkit.errors import AttnkitValueError
+from attnkit.masks import Document
 
 
 class StaticCache(CacheBase):
@@ -30,6 +32,15 @@ class StaticCache(CacheBase):
         self.max_length = positive_int(max_length, "max_length")
         self._allocate(self.max_length, EMPTY_POSITION)
         self._cursor = torch.zeros((), dtype=torch.long, device=self.device)  # next free slot
+
+    def check_mask(self, mask: object) -> None:
+        super().check_mask(mask)
+        implicit = [p for p in index_parts(mask) if isinstance(p, Document) and p.q_doc_ids is None]
+        if implicit:  # the queries are not the last Lq of the max_length slots
+            raise AttnkitValueError(
+                f"a static cache returns all max_length={self.max_length} slots, but mask={mask!r} has a document "
+                "mask without q_doc_ids, which takes the queries' ids from the last keys; pass "
+                "document(doc_ids, q_doc_ids=<the new tokens' ids (B, Lnew)>), or use a dynamic cache.")
 
     @property
     def length(self) -> int:

@@ -8,9 +8,10 @@ from attnkit import masks as M
 from attnkit.errors import AttnkitValueError
 
 BUILDERS = {"causal": M.causal, "sliding_window": M.sliding_window, "strided": M.strided,
-            "global_tokens": M.global_tokens, "padding": M.padding, "document": M.document}
+            "global_tokens": M.global_tokens, "padding": M.padding, "document": M.document, "chunked": M.chunked}
 EXAMPLES = ["causal()", "sliding_window(3)", "causal() & strided(3)", "(sliding_window(2) | global_tokens([0])) & causal()",
-            "document([0, 0, 0, 1, 1, 2, 2, 2]) & causal()", "padding([5])"]
+            "document([0, 0, 0, 1, 1, 2, 2, 2]) & causal()", "padding([5])", "chunked(3) & causal()",
+            "sliding_window(2, 1)"]
 
 
 def parse(expression: str) -> M.MaskSpec:
