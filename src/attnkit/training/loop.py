@@ -31,6 +31,7 @@ from attnkit import masks
 from attnkit.errors import AttnkitError, AttnkitValueError
 from attnkit.models.builders import PRESETS, lm_config
 from attnkit.models.config import LMConfig
+from attnkit.models.io import RUN_CONFIG
 from attnkit.models.io import load_model  # noqa: F401  (re-exported: the reader lives with the models)
 from attnkit.models.lm import TransformerLM
 from attnkit.training import checkpoint as ckpt
@@ -38,7 +39,7 @@ from attnkit.training import dist
 from attnkit.training.data import ByteTokenizer, PackedDataset, load_documents, split_by_file, unigram_loss
 from attnkit.training.metrics import MetricsWriter, plot_loss
 from attnkit.training.precision import autocast, choose_precision
-from attnkit.training.runs import RunFolder
+from attnkit.training.runs import RunFolder, replacing
 from attnkit.training.sampling import sample_text
 from attnkit.training.schedule import lr_at
 
@@ -419,6 +420,12 @@ class Trainer:
                                 "model_sha256": self.init_state["sha256"]["model.safetensors"]}
         return out
 
+    def _write_config(self) -> None:
+        """RUN/config.json: the settings and the identity of the run (replaced, never written through a link)."""
+        record = {"train": asdict(self.config), "model": self.model_config.to_dict(), **self._identity()}
+        with replacing(self.run_dir / RUN_CONFIG) as f:
+            f.write(json.dumps(record, indent=1).encode())
+
     # ------------------------------------------------------------------------------------------ run
     def run(self) -> TrainResult:
         """Train to the last step; the process group and the run folder are released on every exit path."""
@@ -463,8 +470,7 @@ class Trainer:
                 self.log(f"WARNING: metrics.jsonl {problem}; the records after the checkpoint continue from step "
                          f"{self.step}")
         if ctx.is_main and resume_step is None:
-            (self.run_dir / "config.json").write_text(json.dumps(
-                {"train": asdict(self.config), "model": self.model_config.to_dict(), **self._identity()}, indent=1))
+            self._write_config()
         n_params = self.model.num_parameters()
         tokens_per_step = c.batch_size * c.accum * self.seq_len
         origin = (f"{c.preset} preset" if self.resume_state is None and self.init_state is None
