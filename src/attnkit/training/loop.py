@@ -471,6 +471,9 @@ class Trainer:
                          f"{self.step}")
         if ctx.is_main and resume_step is None:
             self._write_config()
+        elif ctx.is_main and not ((self.run_dir / RUN_CONFIG).exists() or (self.run_dir / RUN_CONFIG).is_symlink()):
+            self._write_config()  # its checkpoints agree on the run (read_state checked): the identity is back
+            self.log(f"{self.run_dir / RUN_CONFIG} was missing: written again from the checkpoint (run {self.run_id})")
         n_params = self.model.num_parameters()
         tokens_per_step = c.batch_size * c.accum * self.seq_len
         origin = (f"{c.preset} preset" if self.resume_state is None and self.init_state is None
