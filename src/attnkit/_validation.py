@@ -246,8 +246,10 @@ def build_call(q, k, v, mask=None, *, bias=None, scale=None, softcap=None, dropo
     if isinstance(mask, PreparedMask):  # its positions are the call's (given ones must equal them)
         q_positions = mask.same_positions("q_positions", q_positions)
         kv_positions = mask.same_positions("kv_positions", kv_positions)
-        if mask.batch != B:  # prepared for batch 1, broadcast over this call's rows: bound again for them
-            prepared = PreparedMask.for_call(mask.source, q_positions, kv_positions, B, Lq, k.shape[2], q.device)
+        if mask.batch != B:  # prepared for batch 1, broadcast over this call's rows: bound again for them, once
+            # (memo key B: the positions equal the prepared ones and check_call fixed Lq, Lk and the device)
+            prepared = mask.memo(("batch", B), lambda: PreparedMask.for_call(
+                mask.source, q_positions, kv_positions, B, Lq, k.shape[2], q.device))
         mask = mask.source
     elif mask is not None:
         prepared = PreparedMask.for_call(mask, q_positions, kv_positions, B, Lq, k.shape[2], q.device)

@@ -169,4 +169,7 @@ def test_caches_refuse_what_they_cannot_hold():
         ring.check_mask(M.chunked(8))
     with pytest.raises(AttnkitValueError, match=r"with a KV cache the mask must be causal, got mask=sliding_window\(3, 1\)"):
         make_cache("dynamic", 1, num_kv_heads=2, head_dim=8).check_mask(M.sliding_window(3, 1))
-    ring.check_mask(M.chunked(4) & M.padding(torch.tensor([3])))  # reaches 3 back: fits a ring of 4
+    ring.check_mask(M.chunked(4))  # reaches 3 back: fits a ring of 4
+    with pytest.raises(AttnkitValueError, match=r"returns its keys in ring order, but mask=\(chunked\(4\) & "
+                                                r"padding\(lengths=\[3\]\)\) has parts defined on key indices"):
+        ring.check_mask(M.chunked(4) & M.padding(torch.tensor([3])))  # key indices stop being positions on wrap
