@@ -283,3 +283,25 @@ def test_config_round_trips_through_json_dict():
 def test_errors(make, error, match):
     with pytest.raises(error, match=match):
         make()
+
+
+@pytest.mark.parametrize("positions", ["row", "batch"])
+def test_positions_equal_to_the_default_take_the_default_path(positions):
+    """Packed rows that each hold one document have positions arange(L): the layers then see no positions (the
+    default path: rotary table, one mask on default positions) and the logits are those of positions=None."""
+    model = _model()
+    tokens = torch.randint(0, V, (2, 12))
+    pos = torch.arange(12) if positions == "row" else torch.arange(12).expand(2, -1)
+    seen = []
+    model.blocks[0].attn.register_forward_pre_hook(lambda mod, args, kwargs: seen.append(kwargs["positions"]),
+                                                   with_kwargs=True)
+    doc = torch.zeros(2, 12, dtype=torch.long)
+    with torch.no_grad():
+        got = model(tokens, positions=pos, doc_ids=doc)
+        want = model(tokens, doc_ids=doc)
+        shifted = model(tokens, positions=pos + 1, doc_ids=doc)
+    assert seen[0] is None and seen[2] is not None, "arange positions should reach the layers as the default"
+    torch.testing.assert_close(got, want, rtol=0, atol=0)
+    with pytest.raises(AttnkitValueError, match="positions 3"):
+        model(tokens, positions=torch.arange(12).expand(3, -1))  # a batch that doesn't fit is still refused
+    assert shifted.shape == got.shape

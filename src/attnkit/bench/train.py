@@ -6,7 +6,9 @@ Contenders run side by side (``bench.common.round_robin``: random order each rou
 - ``reference fp32`` / ``reference bf16``: the plain GPT, fp32 and under bf16 autocast;
 - ``attnkit fp32`` / ``attnkit bf16``: ``TransformerLM`` on the same batch, unpacked (plain causal rows);
 - ``attnkit default``: the precision ``attnkit train`` picks on this machine (measured), unpacked;
-- ``attnkit packed``: the default precision with packing on: document mask + positions restarting per document;
+- ``attnkit packed``: the default precision with packing on: document mask + positions restarting per document
+  (the first 400 source files are mostly longer than a row, so at 8 x 512 most rows hold one document: the
+  packed path must cost nothing over plain causal rows there);
 - ``attnkit checkpointing``: the default precision with gradient checkpointing per block;
 - ``long packed`` / ``long unpacked`` (``--long-seq-len``, default 4096, batch 1): rows packed from short
   documents (the source files under ``--long-max-doc`` bytes, several per row), with and without the document
@@ -153,7 +155,8 @@ def run(args) -> int:
     fns["attnkit packed"] = _step_fn(ak_model(), ak_loss(packed), default, device)
     fns["attnkit checkpointing"] = _step_fn(ak_model(True), ak_loss(plain), default, device)
     print(f"{args.preset}: {ak_model().num_parameters() / 1e6:.1f} M parameters, batch {args.batch_size} x "
-          f"{args.seq_len}, packed rows hold {n_docs} documents; default precision here: {default} "
+          f"{args.seq_len}, packed rows hold {n_docs} documents ({n_docs / args.batch_size:.1f} per row); default "
+          f"precision here: {default} "
           f"({evidence['summary']})")
     if args.long_seq_len:
         long_config = config.replace(max_seq_len=args.long_seq_len)

@@ -151,6 +151,8 @@ class TransformerLM(nn.Module):
         if cache is not None and len(cache) != len(self.blocks):
             raise AttnkitValueError(f"cache has {len(cache)} entries but the model has {len(self.blocks)} layers; "
                                     "build it with model.new_cache(batch_size).")
+        if cache is None:
+            positions = _none_if_default(positions, tokens)
         x = self.embed_tokens(tokens, positions, token_types)  # (B, L, E)
         B, L = tokens.shape
         shared: dict[tuple, object] = {}  # one mask per (pattern, layer kind) for the whole forward
@@ -215,3 +217,18 @@ class TransformerLM(nn.Module):
                 or tokens.dtype == torch.bool:
             raise AttnkitTypeError(f"tokens must be an int64 tensor (B, L), got {describe(tokens)}; pass token ids, "
                                    "e.g. torch.tensor([[1, 2, 3]]).")
+
+
+def _none_if_default(positions, tokens: torch.Tensor):
+    """None when ``positions`` are exactly ``arange(L)`` on every row (packed rows that each hold one document
+    restart nowhere), so the default path serves them: the rotary table slice, one prepared mask on default
+    positions, no per-layer position checks. Anything else (not an integer tensor on the tokens' device, other
+    shapes: the layers check and refuse them) is returned as given."""
+    L = tokens.shape[1]
+    if not isinstance(positions, torch.Tensor) or positions.is_floating_point() or positions.is_complex() or \
+            positions.dtype == torch.bool or positions.dim() not in (1, 2) or positions.shape[-1] != L or \
+            (positions.dim() == 2 and positions.shape[0] not in (1, tokens.shape[0])) or \
+            positions.device != tokens.device or torch.compiler.is_compiling():
+        return positions
+    arange = torch.arange(L, device=positions.device, dtype=positions.dtype)  # (L,)
+    return None if torch.equal(positions, arange.expand_as(positions)) else positions

@@ -36,8 +36,8 @@ class MultiHeadAttention(nn.Module):
         bias: biases of every projection; ``qkv_bias`` overrides it for the q/k/v projections (Qwen2: q/k/v
             biased, output not).
         rotary: the q/k transform slot: any module ``f(x (B, heads, L, D), positions (B|1, L) | None) -> same
-            shape`` (None = ``arange(L)``) applied alike to every query and key head (in self-attention one call on
-            the stacked ``(B, H + Hkv, L, D)`` heads) (:class:`~attnkit.positions.RoPE` of any base, scaling and pairing).
+            shape`` (None = ``arange(L)``) applied alike to the query heads and to the key heads (one call each)
+            (:class:`~attnkit.positions.RoPE` of any base, scaling and pairing).
         score_bias: the bias slot: any :class:`attnkit._bias.StructuredBias` (``ak.positions.ALiBi``), added to
             the scores from absolute positions and evaluated per block by the backends.
         q_norm, k_norm: QK-norm: modules applied to each head's query / key ``(..., D)`` before ``rotary``
@@ -131,15 +131,11 @@ class MultiHeadAttention(nn.Module):
         """q ``(B, H, L, D)``, k and v ``(B, Hkv, Lk, D)``, after QK-norm and ``rotary`` when configured."""
         B, L, _ = x.shape
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
-        fused_qk = context is None and self.rotary is not None and self.q_norm is None and self.k_norm is None
         if context is None and hasattr(self, "qkv_proj"):
             # one matmul; split token-major, then transpose: the backward's cat then writes the (B, L, H + 2Hkv, D)
             # gradient the matmul reads, with no copy back from a head-major (B, H + 2Hkv, L, D) one
+            # (q and k are rotated apart: rotating the stacked (B, H + Hkv, L, D) heads costs one more cat backward)
             qkv = self.qkv_proj(x).view(B, L, H + 2 * Hkv, D)  # (B, L, H + 2Hkv, D)
-            if fused_qk:  # q and k heads sit side by side: rotate them in one call, with one cos/sin
-                qk, v = (t.transpose(1, 2) for t in qkv.split([H + Hkv, Hkv], dim=2))  # (B, H + Hkv, L, D),
-                q, k = self.rotary(qk, positions).split([H, Hkv], dim=1)  # (B, Hkv, L, D); split, not slices:
-                return q, k, v  # (B, H, L, D), (B, Hkv, L, D) x2                 backward is a cat, no zero-fill
             q, k, v = (t.transpose(1, 2) for t in qkv.split([H, Hkv, Hkv], dim=2))  # (B, H|Hkv, L, D)
         else:
             if hasattr(self, "qkv_proj"):  # cross-attention through the fused weight: q from x, k and v from context
