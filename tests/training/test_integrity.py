@@ -7,6 +7,7 @@ import os
 import random
 import shutil
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -178,3 +179,85 @@ def test_manifest_round_trip_is_canonical(tmp_path):
     path = ckpt.save_checkpoint(tmp_path, 3, model, None, {"betas": (0.9, 0.95), "loss": float("nan")})
     state = ckpt.read_state(path)
     assert state["betas"] == [0.9, 0.95] and state["step"] == 3
+
+
+# ------------------------------------------------------------------------------------------ red team 2 (identity, TOCTOU)
+
+def test_without_config_json_a_foreign_checkpoint_is_still_not_adopted(run, tmp_path):
+    """The run-identity check was skipped when config.json was missing or a symlink."""
+    other = tmp_path / "other"
+    train(small_config(other, steps=12, ckpt_every=12, seed=1), log=_quiet)
+    copy = _copy(run, tmp_path)
+    shutil.copytree(ckpt.resolve(other), copy / "checkpoints" / "step_00000012")
+    config = (copy / "config.json").read_bytes()
+    (copy / "config.json").unlink()
+    with pytest.raises(ckpt.CheckpointError, match=r"has no readable config.json and its checkpoints belong to "
+                                                   r"different runs \(this one '[0-9a-f]{32}', step_00000004 "
+                                                   r"'[0-9a-f]{32}', step_00000008 '[0-9a-f]{32}'\).*--init-from"):
+        load_model(copy)
+    with pytest.raises(ckpt.CheckpointError, match="belong to different runs"):
+        train(small_config(copy, steps=14), resume=copy, given={"steps"}, log=_quiet)
+    (tmp_path / "elsewhere.json").write_bytes(config)
+    (copy / "config.json").symlink_to(tmp_path / "elsewhere.json")
+    with pytest.raises(ckpt.CheckpointError, match=r"config.json is a symlink, so the run's identity cannot be "
+                                                   "trusted"):
+        load_model(copy)
+
+
+def test_a_resume_writes_a_missing_config_json_back(run, tmp_path):
+    copy = _copy(run, tmp_path)
+    run_id = ckpt.run_identity(copy)
+    (copy / "config.json").unlink()
+    assert load_model(copy) is not None  # one run's checkpoints only: still readable (a converted run has none)
+    logs = []
+    train(small_config(copy, steps=9), resume=copy, given={"steps"}, log=logs.append)
+    assert ckpt.run_identity(copy) == run_id
+    assert any("config.json was missing: written again from the checkpoint" in line for line in logs), logs
+
+
+def _swap_after_verification(monkeypatch, ckpt_dir, other_dir):
+    """Replace both tensor files by another run's (regular files) the moment the last hashed read closes: a
+    loader that opens them again by path reads the unverified ones."""
+    from attnkit.models import io
+
+    real_open = io.open_regular
+
+    class Swapping:
+        def __init__(self, f):
+            self.f = f
+
+        def __enter__(self):
+            return self.f.__enter__()
+
+        def __exit__(self, *exc):
+            result = self.f.__exit__(*exc)
+            for name in ckpt.FILES:
+                shutil.copyfile(other_dir / name, ckpt_dir / f"{name}.new")
+                os.replace(ckpt_dir / f"{name}.new", ckpt_dir / name)
+            return result
+
+    def opening(path):
+        f = real_open(path)
+        return Swapping(f) if Path(path) == ckpt_dir / "optim.safetensors" else f
+
+    monkeypatch.setattr(io, "open_regular", opening)
+
+
+@pytest.mark.parametrize("loader", ["load_model", "load_checkpoint"])
+def test_the_bytes_loaded_are_the_bytes_verified(run, tmp_path, monkeypatch, loader):
+    other = tmp_path / "other"
+    train(small_config(other, steps=8, ckpt_every=8, seed=3), log=_quiet)
+    copy = _copy(run, tmp_path)
+    where = ckpt.resolve(copy)
+    genuine = ckpt.load_file(str(where / "model.safetensors"))
+    genuine_optim = ckpt.load_file(str(where / "optim.safetensors"))
+    _swap_after_verification(monkeypatch, where, ckpt.resolve(other))
+    if loader == "load_model":
+        model = load_model(copy)
+        assert torch.equal(model.embed.weight, genuine["embed.weight"]), "a file swapped in after the check was loaded"
+    else:
+        model = build_lm("nano", vocab_size=257)
+        _, tensors = ckpt.load_checkpoint(where, model, None, restore_rng=False)
+        assert torch.equal(model.embed.weight, genuine["embed.weight"]), "a file swapped in after the check was loaded"
+        assert all(torch.equal(tensors[k], genuine_optim[k]) for k in genuine_optim), "optim file read twice"
+    assert not torch.equal(ckpt.load_file(str(where / "model.safetensors"))["embed.weight"], genuine["embed.weight"])

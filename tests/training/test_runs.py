@@ -5,6 +5,7 @@ on the command line), a NaN loss never reaches a checkpoint."""
 
 import json
 import math
+import os
 import shutil
 import subprocess
 import sys
@@ -298,3 +299,141 @@ def test_a_config_that_does_not_fit_its_weights_is_a_typed_error(tmp_path):
     with pytest.raises(ckpt.CheckpointError, match=r"does not fit the model: blocks.0.attn.out_proj.weight is \(64, 64\) in the "
                                                    r"checkpoint but \(128, 128\) in the model"):
         ckpt.load_weights(path, build_lm("nano", dim=128))
+
+
+# ------------------------------------------------------------------------------------------ red team 2 (resume, init)
+
+def test_a_fine_tuned_run_resumes_the_model_it_trained(tmp_path):
+    """Flags --init-from reported as ignored were written into the run's settings; --resume then rebuilt a different
+    model (ALiBi + window 4 on RoPE weights, silently) or failed with a shape error (--preset tiny on nano)."""
+    base, tuned = tmp_path / "base", tmp_path / "tuned"
+    train(small_config(base, steps=2, ckpt_every=2), log=_quiet)
+    logs = []
+    train(small_config(tuned, steps=2, ckpt_every=1, keep=10, preset="tiny", model={"positions": "alibi", "window": 4}),
+          init_from=base, given={"preset", "model"}, log=logs.append)
+    text = "\n".join(logs)
+    assert ("ignored --preset 'tiny' (the checkpoint's run has 'nano'), --positions 'alibi' (the checkpoint has "
+            "'rope'), --window 4 (the checkpoint has None)") in text, text
+    assert "model: the checkpoint's own, 2 layers, dim 64, 2 heads, rope positions" in text, text
+    recorded = json.loads((tuned / "config.json").read_text())["train"]
+    assert recorded["preset"] == "nano" and recorded["model"]["positions"] == "rope", recorded
+    logs.clear()
+    train(small_config(tuned, steps=4), resume=tuned, given={"steps"}, log=logs.append)
+    base_model = ckpt.read_state(ckpt.resolve(base))["model_config"]
+    for where in ckpt.list_checkpoints(tuned):
+        assert ckpt.read_state(where)["model_config"] == base_model, where
+    assert ckpt.read_state(ckpt.resolve(tuned))["step"] == 4
+
+
+def test_resume_names_an_ignored_run_dir(tmp_path):
+    run = tmp_path / "run"
+    train(small_config(run, steps=2, ckpt_every=2), log=_quiet)
+    logs = []
+    train(small_config(tmp_path / "elsewhere", steps=2), resume=run, given={"run_dir"}, log=logs.append)
+    assert any(f"ignored: --run-dir '{tmp_path / 'elsewhere'}' (the run's folder is '{run}')" in line
+               for line in logs), logs
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_resume_refuses_a_checkpoint_outside_its_run_folder(tmp_path):
+    """A checkpoint kept in home/backups/ made home/ the run folder: rotation deleted home/checkpoints/, loss.png
+    was overwritten."""
+    run, home = tmp_path / "run", tmp_path / "home"
+    train(small_config(run, steps=4, ckpt_every=2), log=_quiet)
+    (home / "checkpoints" / "step_00000001").mkdir(parents=True)
+    (home / "checkpoints" / "step_00000001" / "notes.txt").write_text("my notes")
+    (home / "loss.png").write_text("my own picture")
+    shutil.copytree(ckpt.resolve(run), home / "backups" / "step_00000004")
+    with pytest.raises(ckpt.CheckpointError, match=r"is not a checkpoint inside a run folder \(RUN/checkpoints/"
+                                                   r"step_NNNNNNNN, a folder, not a link\).*--init-from .*step_00000004 "
+                                                   r"--run-dir NEW"):
+        train(small_config(run, steps=8), resume=home / "backups" / "step_00000004", given={"steps"}, log=_quiet)
+    assert (home / "checkpoints" / "step_00000001" / "notes.txt").read_text() == "my notes"
+    assert (home / "loss.png").read_text() == "my own picture" and not (home / ".attnkit.lock").exists()
+    link = run / "checkpoints" / "step_00000009"
+    link.symlink_to(ckpt.resolve(run))
+    with pytest.raises(ckpt.CheckpointError, match="is not a checkpoint inside a run folder"):
+        train(small_config(run, steps=12), resume=link, given={"steps"}, log=_quiet)
+
+
+def test_a_converted_checkpoint_is_not_resumed(tmp_path):
+    from attnkit.models.builders import build_lm
+
+    where = ckpt.save_checkpoint(tmp_path / "conv", 0, build_lm("nano"), None, {"model_config": build_lm("nano")
+                                                                              .config.to_dict()}, keep=0)
+    with pytest.raises(ckpt.CheckpointError, match=r"was not written by the trainer \(a converted model has no "
+                                                   r"training state to continue\).*--init-from"):
+        train(small_config(tmp_path / "conv"), resume=where, log=_quiet)
+
+
+def test_a_symlinked_lock_file_is_refused_and_its_target_kept(tmp_path):
+    """Taking the lock truncated the symlink's target and wrote the pid into it."""
+    run, victim = tmp_path / "run", tmp_path / "victim.txt"
+    train(small_config(run, steps=2, ckpt_every=2), log=_quiet)
+    victim.write_text("precious user data")
+    (run / ".attnkit.lock").unlink()
+    (run / ".attnkit.lock").symlink_to(victim)
+    with pytest.raises(RunFolderError, match=r"\.attnkit\.lock' is not a regular file \(a symlink\); attnkit will not "
+                                             r"write through it.*remove it and run again"):
+        train(small_config(run, steps=3), resume=run, given={"steps"}, log=_quiet)
+    assert victim.read_text() == "precious user data"
+    (run / ".attnkit.lock").unlink()
+    os.mkfifo(run / ".attnkit.lock")
+    with pytest.raises(RunFolderError, match=r"is not a regular file \(a FIFO or a device\)"):
+        RunFolder(run, log=_quiet).acquire()
+
+
+def test_run_outputs_replace_a_symlink_instead_of_writing_through_it(tmp_path, monkeypatch):
+    """A symlinked loss.png (or config.json) was written through: the PNG landed on the link's target."""
+    run, victim = tmp_path / "run", tmp_path / "victim.txt"
+    train(small_config(run, steps=2, ckpt_every=2), log=_quiet)
+    victim.write_text("precious user data")
+    (run / "loss.png").unlink()
+    (run / "loss.png").symlink_to(victim)
+    train(small_config(run, steps=3), resume=run, given={"steps"}, log=_quiet)
+    assert victim.read_text() == "precious user data"
+    assert not (run / "loss.png").is_symlink() and (run / "loss.png").read_bytes()[:4] == b"\x89PNG"
+    real_set_aside = RunFolder.set_aside
+
+    def then_a_link(self):  # a link planted once the old outputs are aside, before the new run writes config.json
+        real_set_aside(self)
+        (self.path / "config.json").symlink_to(victim)
+
+    monkeypatch.setattr(RunFolder, "set_aside", then_a_link)
+    train(small_config(run, steps=2, ckpt_every=2, overwrite=True), log=_quiet)
+    assert victim.read_text() == "precious user data"
+    assert not (run / "config.json").is_symlink()
+    assert json.loads((run / "config.json").read_text())["run_id"] == ckpt.run_identity(run) is not None
+    assert not [p for p in run.iterdir() if ".tmp-" in p.name]
+
+
+def test_a_kill_inside_set_aside_loses_none_of_the_old_run(tmp_path):
+    """A kill between set_aside's moves (checkpoints moved, the rest not): the next start deleted config.json,
+    metrics.jsonl and loss.png and restored only the checkpoints."""
+    run = tmp_path / "run"
+    train(small_config(run, steps=4, ckpt_every=2), log=_quiet)
+    before = {n: (run / n).read_bytes() for n in ("config.json", "metrics.jsonl", "loss.png")}
+    (run / ".replaced").mkdir()
+    os.replace(run / "checkpoints", run / ".replaced" / "checkpoints")
+    RunFolder(run, log=_quiet).acquire().release()
+    assert {n: (run / n).read_bytes() for n in before} == before
+    assert ckpt.resolve(run).name == "step_00000004" and not (run / ".replaced").exists()
+
+
+def test_a_killed_overwrite_of_a_converted_run_removes_the_new_runs_files(tmp_path, monkeypatch):
+    """The old run had no config.json: the new run's, written before its kill, must not stay next to the restored
+    checkpoint (whose run it is not)."""
+    from attnkit.models.builders import build_lm
+
+    run = tmp_path / "run"
+    model = build_lm("nano")
+    ckpt.save_checkpoint(run, 0, model, None, {"model_config": model.config.to_dict()}, keep=0)
+    folder = RunFolder(run, log=_quiet).acquire()
+    folder.set_aside()
+    assert json.loads((run / ".replaced" / ".moving.json").read_text()) == ["checkpoints"]
+    (run / "config.json").write_text('{"run_id": "new"}')  # the new run's, then a SIGKILL: no abandon()
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    folder.release()
+    RunFolder(run, log=_quiet).acquire().release()
+    assert sorted(p.name for p in run.iterdir()) == [".attnkit.lock", "checkpoints"]
+    assert ckpt.read_state(ckpt.resolve(run))["step"] == 0

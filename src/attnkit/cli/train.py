@@ -13,7 +13,7 @@ A run folder is locked while it trains; a user error prints its message and exit
 from __future__ import annotations
 
 from attnkit.models.builders import PRESETS
-from attnkit.training.loop import TrainConfig, train
+from attnkit.training.loop import MODEL_FLAGS, TrainConfig, train
 
 #: command-line flags that map one-to-one onto TrainConfig fields (dest -> field)
 FIELDS = {"run_dir": "run_dir", "preset": "preset", "data": "data", "val_fraction": "val_fraction",
@@ -21,8 +21,6 @@ FIELDS = {"run_dir": "run_dir", "preset": "preset", "data": "data", "val_fractio
           "warmup": "warmup", "weight_decay": "weight_decay", "clip": "clip", "precision": "precision",
           "eval_every": "eval_every", "eval_batches": "eval_batches", "ckpt_every": "ckpt_every", "keep": "keep",
           "seed": "seed", "device": "device", "context_parallel": "context_parallel"}
-MODEL_FLAGS = {"positions": "positions", "kv_heads": "n_kv_heads", "window": "window", "backend": "backend",
-               "dropout": "dropout"}
 SWITCHES = {"no_doc_mask": "doc_mask", "grad_checkpointing": "grad_checkpointing", "overwrite": "overwrite",
             "overfit": "overfit", "samples": "samples", "no_progress": "progress"}
 

@@ -11,8 +11,9 @@ report need nothing of the training code. A run folder::
 Reading a checkpoint (:func:`read_state`): only the checkpoint's own regular files under the fixed names
 ``state.json``, ``model.safetensors`` and ``optim.safetensors`` are opened (``O_NOFOLLOW``: no symlinks, no
 devices, no FIFOs, no names taken from the manifest); the manifest's own hash, its canonical bytes, the fixed
-file set, the step against the folder name and the run identity against the run folder's ``config.json`` are
-verified, then both file hashes, before any tensor is read. Pickles (``torch.load``) are never used. The
+file set, the step against the folder name and the run identity (against the run folder's ``config.json``, or
+without one, against the folder's other checkpoints) are verified, then both file hashes, before any tensor is read;
+each tensor file is read once, so the bytes loaded are the bytes hashed. Pickles (``torch.load``) are never used. The
 writer (``attnkit.training.checkpoint.save_checkpoint``) uses this module's format constants and
 :func:`manifest_bytes`, so what is written is what is verified.
 
@@ -30,7 +31,6 @@ import stat
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_model as _load_safetensors_into
 
 from attnkit.errors import AttnkitValueError
 from attnkit.models.config import LMConfig
@@ -131,6 +131,13 @@ def resolve(path: str | Path) -> Path:
 
 def read_state(ckpt: str | Path) -> dict:
     """Verify checkpoint ``ckpt`` and return its manifest (see the module docstring for what is checked)."""
+    return read_verified(ckpt)[0]
+
+
+def read_verified(ckpt: str | Path, keep: tuple[str, ...] = ()) -> tuple[dict, dict[str, bytes]]:
+    """:func:`read_state`, and the bytes of the files named in ``keep`` (of :data:`FILES`) exactly as they were
+    hashed: each file is read once, through one descriptor, so what is loaded is what was verified (a file swapped
+    in after the check is never read)."""
     ckpt = Path(ckpt)
     previous = [p for p in list_checkpoints(ckpt.parent.parent) if p.name < ckpt.name]
     hint = (f"the previous checkpoint {previous[-1]} is intact: resume from it with --resume {previous[-1]}, or "
@@ -166,26 +173,53 @@ def read_state(ckpt: str | Path) -> dict:
     if state.get("step") != int(folder.group(1)) or isinstance(state.get("step"), bool):
         fail(f"{MANIFEST} records step {state.get('step')!r} but the folder is {ckpt.name} (step {int(folder.group(1))})")
     _check_run_identity(ckpt, state, fail)
+    kept = {}
     for name in FILES:
         try:
-            got = sha256_file(ckpt / name)
+            if name in keep:
+                with open_regular(ckpt / name) as f:
+                    kept[name] = f.read()
+                got = hashlib.sha256(kept[name]).hexdigest()
+            else:
+                got = sha256_file(ckpt / name)
         except FileNotFoundError as exc:
             fail(f"is missing {name}", exc)
         except OSError as exc:
             fail(f"{name} is not a regular file ({exc})", exc)
         if got != state["sha256"][name]:
             fail(f"{name} is corrupt or truncated (sha256 {got[:12]}... != recorded {str(state['sha256'][name])[:12]}...)")
-    return state
+    return state, kept
 
 
 def _check_run_identity(ckpt: Path, state: dict, fail) -> None:
-    """A checkpoint inside ``RUN/checkpoints/`` must belong to RUN (the run_id in RUN/config.json)."""
+    """A checkpoint inside ``RUN/checkpoints/`` must belong to RUN: the run_id in RUN/config.json. Without a readable
+    config.json (a converted run writes none; a kill or a user may have removed it) every checkpoint of the folder
+    must carry this checkpoint's run_id; a config.json that is a symlink is refused (it could name any run)."""
     if ckpt.parent.name != "checkpoints":
         return
-    expected = run_identity(ckpt.parent.parent)
-    if expected is not None and state.get("run_id") != expected:
-        fail(f"belongs to another run (run_id {state.get('run_id')!r}, this run folder is {expected!r}); a "
-             "checkpoint copied in from elsewhere is never adopted - start a new run from it with --init-from")
+    run = ckpt.parent.parent
+    if (run / RUN_CONFIG).is_symlink():
+        fail(f"the run folder's {RUN_CONFIG} is a symlink, so the run's identity cannot be trusted; replace it with "
+             "the run's own file (or remove it: the checkpoints then have to agree on their run_id)")
+    expected = run_identity(run)
+    if expected is not None:
+        if state.get("run_id") != expected:
+            fail(f"belongs to another run (run_id {state.get('run_id')!r}, this run folder is {expected!r}); a "
+                 "checkpoint copied in from elsewhere is never adopted - start a new run from it with --init-from")
+        return
+    others = {}
+    for sibling in list_checkpoints(run):
+        try:
+            with open_regular(sibling / MANIFEST) as f:
+                record = json.loads(f.read(MAX_MANIFEST_BYTES))
+        except (OSError, ValueError):
+            continue  # unreadable: it proves nothing either way (and is refused when it is loaded itself)
+        if isinstance(record, dict) and record.get("run_id") != state.get("run_id"):
+            others[sibling.name] = record.get("run_id")
+    if others:
+        fail(f"the run folder has no readable {RUN_CONFIG} and its checkpoints belong to different runs (this one "
+             f"{state.get('run_id')!r}, {', '.join(f'{n} {i!r}' for n, i in sorted(others.items()))}); a checkpoint "
+             "copied in from elsewhere is never adopted - start a new run from it with --init-from")
 
 
 # ------------------------------------------------------------------------------------------------ loading
@@ -193,37 +227,38 @@ def _check_run_identity(ckpt: Path, state: dict, fail) -> None:
 
 def load_weights(ckpt: str | Path, model: torch.nn.Module) -> dict:
     """Verify ``ckpt`` and load its weights into ``model`` (strict); return the state record."""
-    state = read_state(ckpt)
-    _check_shapes(Path(ckpt) / FILES[0], model, ckpt)
-    missing, unexpected = _load_safetensors_into(model, str(Path(ckpt) / FILES[0]), strict=False)
-    if missing or unexpected:
-        raise CheckpointError(f"checkpoint {str(ckpt)!r} does not match the model: missing {sorted(missing)[:5]}, "
-                              f"unexpected {sorted(unexpected)[:5]}; build the model from the checkpoint's config.")
+    state, data = read_verified(ckpt, keep=(FILES[0],))
+    load_verified_weights(ckpt, model, data[FILES[0]])
     return state
 
 
-def _check_shapes(path: Path, model: torch.nn.Module, ckpt) -> None:
-    """Every stored tensor has the shape of the model's parameter of that name (else a typed error naming both)."""
-    from safetensors import safe_open
+def load_verified_weights(ckpt: str | Path, model: torch.nn.Module, data: bytes) -> None:
+    """Load the verified bytes of ``ckpt``'s model.safetensors into ``model`` (strict; tied weights stored once)."""
+    from safetensors.torch import _remove_duplicate_names, load
 
+    tensors = load(data)
     expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    with safe_open(str(path), framework="pt") as f:
-        for name in sorted(f.keys()):
-            stored = tuple(f.get_slice(name).get_shape())
-            if name in expected and expected[name] != stored:
-                raise CheckpointError(
-                    f"checkpoint {str(ckpt)!r} does not fit the model: {name} is {stored} in the checkpoint but "
-                    f"{expected[name]} in the model built from the config; build the model from the checkpoint's own "
-                    "model_config (attnkit.models.io.load_model does).")
+    for name in sorted(tensors):
+        if name in expected and expected[name] != tuple(tensors[name].shape):
+            raise CheckpointError(
+                f"checkpoint {str(ckpt)!r} does not fit the model: {name} is {tuple(tensors[name].shape)} in the "
+                f"checkpoint but {expected[name]} in the model built from the config; build the model from the "
+                "checkpoint's own model_config (attnkit.models.io.load_model does).")
+    aliases = _remove_duplicate_names(model.state_dict(), preferred_names=tensors.keys())  # tied: stored once
+    missing, unexpected = model.load_state_dict(tensors, strict=False)
+    missing = set(missing) - {name for group in aliases.values() for name in group}
+    if missing or unexpected:
+        raise CheckpointError(f"checkpoint {str(ckpt)!r} does not match the model: missing {sorted(missing)[:5]}, "
+                              f"unexpected {sorted(unexpected)[:5]}; build the model from the checkpoint's config.")
 
 
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> TransformerLM:
     """The ``TransformerLM`` of a checkpoint (a checkpoint folder or a run folder: its newest), verified, built from
     the checkpoint's own ``model_config``, in eval mode."""
     where = resolve(path)
-    state = read_state(where)
+    state, data = read_verified(where, keep=(FILES[0],))  # verified once; these bytes are what is loaded
     model = TransformerLM(LMConfig.from_dict(state["model_config"]))
-    load_weights(where, model)
+    load_verified_weights(where, model, data[FILES[0]])
     return model.to(device).eval()
 
 

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load_file, save_file, save_model
+from safetensors.torch import load, load_file, save_file, save_model  # noqa: F401  (load_file: for callers)
 
 # the reader, re-exported for the trainer's callers (defined once, in attnkit.models.io)
 from attnkit.models.io import (  # noqa: F401
@@ -41,9 +41,11 @@ from attnkit.models.io import (  # noqa: F401
     MANIFEST,
     CheckpointError,
     list_checkpoints,
+    load_verified_weights,
     load_weights,
     manifest_bytes,
     read_state,
+    read_verified,
     resolve,
     run_identity,
     sha256_file,
@@ -138,8 +140,9 @@ def clean_temporary(run_dir: str | Path) -> list[Path]:
 def load_checkpoint(ckpt: str | Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
                     restore_rng: bool = True, rank: int = 0) -> tuple[dict, dict[str, torch.Tensor]]:
     """Verify and load weights, optimizer state and RNG states; return (state record, all optim-file tensors)."""
-    state = load_weights(ckpt, model)
-    tensors = load_file(str(Path(ckpt) / "optim.safetensors"))
+    state, data = read_verified(ckpt, keep=FILES)  # each file read once: what is loaded is what was hashed
+    load_verified_weights(ckpt, model, data[FILES[0]])
+    tensors = load(data[FILES[1]])
     if optimizer is not None:
         opt = state["optimizer"]
         per_param: dict[int, dict] = {}

@@ -30,6 +30,8 @@ from attnkit import distributed as cp
 from attnkit import masks
 from attnkit.errors import AttnkitError, AttnkitValueError
 from attnkit.models.builders import PRESETS, lm_config
+from attnkit.models.config import LMConfig
+from attnkit.models.io import RUN_CONFIG
 from attnkit.models.io import load_model  # noqa: F401  (re-exported: the reader lives with the models)
 from attnkit.models.lm import TransformerLM
 from attnkit.training import checkpoint as ckpt
@@ -37,7 +39,7 @@ from attnkit.training import dist
 from attnkit.training.data import ByteTokenizer, PackedDataset, load_documents, split_by_file, unigram_loss
 from attnkit.training.metrics import MetricsWriter, plot_loss
 from attnkit.training.precision import autocast, choose_precision
-from attnkit.training.runs import RunFolder
+from attnkit.training.runs import RunFolder, replacing
 from attnkit.training.sampling import sample_text
 from attnkit.training.schedule import lr_at
 
@@ -236,17 +238,23 @@ class Trainer:
         self.resume_state, self.init_state, resume_ckpt, init_ckpt = None, None, None, None
         if resume is not None:
             resume_ckpt = ckpt.resolve(resume)
-            run_dir = resume_ckpt.parent.parent
+            run_dir = _run_folder_of(resume, resume_ckpt)
             if self.ctx.is_main:  # lock first: a run still training there must not change what is read
                 self.folder = RunFolder(run_dir, log=self.log).acquire()
-            self.resume_state = ckpt.read_state(resume_ckpt)
+            self.resume_state = ckpt.read_state(resume_ckpt)  # its run identity checked against the folder
+            if "train_config" not in self.resume_state:
+                raise ckpt.CheckpointError(
+                    f"--resume {str(resume)!r}: {resume_ckpt} was not written by the trainer (a converted model has no "
+                    f"training state to continue); start a new run from its weights with --init-from {resume}.")
             config = self._resumed_config(config, given, run_dir)
+            model_config = LMConfig.from_dict(self.resume_state["model_config"])  # the run's own model, never rebuilt
         elif init_from is not None:
             init_ckpt = ckpt.resolve(init_from)
             self.init_state = ckpt.read_state(init_ckpt)
-            ignored = sorted(given & {"preset", "model"})
-            if ignored:
-                self.log(f"--init-from builds the model of {init_ckpt}: ignored {', '.join(_flag(n) for n in ignored)}")
+            model_config = LMConfig.from_dict(self.init_state["model_config"])
+            config = self._init_config(config, given, init_ckpt, model_config)
+        else:
+            model_config = None  # from the preset, once the data's row length is known
         if config.overfit:  # every step sees all the samples
             config = replace(config, batch_size=config.overfit_samples)
         self.config, self.device = config, self.ctx.device
@@ -258,18 +266,15 @@ class Trainer:
         self.tokenizer = ByteTokenizer()
         self._build_data()
         torch.manual_seed(config.seed)
-        if self.init_state is not None:
-            from attnkit.models.lm import LMConfig
-
-            self.model_config = LMConfig.from_dict(self.init_state["model_config"])
-            if self.seq_len > self.model_config.max_seq_len:
-                raise AttnkitValueError(f"seq_len={self.seq_len} exceeds max_seq_len={self.model_config.max_seq_len} of "
-                                        f"the checkpoint {init_ckpt}; pass --seq-len {self.model_config.max_seq_len} "
-                                        "or less.")
-        else:
-            self.model_config = lm_config(config.preset, **{"vocab_size": self.tokenizer.vocab_size,
-                                                            "max_seq_len": max(self.seq_len, PRESETS[config.preset]
-                                                                               ["max_seq_len"]), **config.model})
+        if model_config is None:
+            model_config = lm_config(config.preset, **{"vocab_size": self.tokenizer.vocab_size,
+                                                       "max_seq_len": max(self.seq_len, PRESETS[config.preset]
+                                                                          ["max_seq_len"]), **config.model})
+        elif self.seq_len > model_config.max_seq_len:
+            where = resume_ckpt or init_ckpt
+            raise AttnkitValueError(f"seq_len={self.seq_len} exceeds max_seq_len={model_config.max_seq_len} of "
+                                    f"the checkpoint {where}; pass --seq-len {model_config.max_seq_len} or less.")
+        self.model_config = model_config
         self.model = TransformerLM(self.model_config).to(self.device)
         if init_ckpt is not None:
             ckpt.load_weights(init_ckpt, self.model)
@@ -312,11 +317,16 @@ class Trainer:
     def _resumed_config(self, config: TrainConfig, given, run_dir: Path) -> TrainConfig:
         saved = self.resume_state["train_config"]
         honoured = {n: getattr(config, n) for n in RESUME_HONOURS if n in given or n != "steps"}
-        ignored = sorted(n for n in given if n not in RESUME_HONOURS and n != "run_dir"
-                         and saved.get(n, getattr(config, n)) != getattr(config, n))
+        ignored = [f"{_flag(n)} {getattr(config, n)!r} (the run has {saved.get(n)!r})" for n in sorted(given)
+                   if n not in RESUME_HONOURS and n not in ("run_dir", "model")
+                   and saved.get(n, getattr(config, n)) != getattr(config, n)]
+        if "model" in given:
+            ignored += _ignored_model_flags(config.model, LMConfig.from_dict(self.resume_state["model_config"]),
+                                            "the run has")
+        if "run_dir" in given and Path(config.run_dir).resolve() != run_dir.resolve():
+            ignored.insert(0, f"--run-dir {config.run_dir!r} (the run's folder is {str(run_dir)!r})")
         if ignored:
-            self.log("--resume keeps the run's own settings; ignored: "
-                     + ", ".join(f"{_flag(n)} {getattr(config, n)!r} (the run has {saved.get(n)!r})" for n in ignored)
+            self.log("--resume keeps the run's own settings; ignored: " + ", ".join(ignored)
                      + ". To change them start a new run from this checkpoint's weights with --init-from.")
         if "steps" in given and config.steps < self.resume_state["step"]:
             raise AttnkitValueError(f"--steps {config.steps} is below the checkpoint's step {self.resume_state['step']}; "
@@ -325,6 +335,23 @@ class Trainer:
         resumed = TrainConfig.from_dict({**saved, **honoured})
         resumed.run_dir = str(run_dir)
         return resumed
+
+    def _init_config(self, config: TrainConfig, given, where: Path, model: LMConfig) -> TrainConfig:
+        """A fine-tuning run's settings: the model is the checkpoint's, so the run records that model (its preset
+        when the checkpoint's run had one, every model field) and not the preset or model flags it ignored."""
+        base = self.init_state.get("train_config") or {}
+        preset = base.get("preset") if base.get("preset") in PRESETS else config.preset
+        ignored = []
+        if "preset" in given and config.preset != base.get("preset"):
+            ignored.append(f"--preset {config.preset!r} (the checkpoint's run has "
+                           f"{base.get('preset', 'no preset')!r})")
+        if "model" in given:
+            ignored += _ignored_model_flags(config.model, model, "the checkpoint has")
+        if ignored:
+            self.log(f"--init-from builds the model of {where}: ignored " + ", ".join(ignored)
+                     + ". To change the model, train a new run without --init-from.")
+        seq_len = config.seq_len or min(PRESETS[preset]["max_seq_len"], model.max_seq_len)
+        return replace(config, preset=preset, model=model.to_dict(), seq_len=seq_len)
 
     def _report_resume(self, where: Path, state: dict) -> None:
         self.log(f"resumed {where} at step {self.step}/{self.total_steps} ({self.precision}, chosen when the run "
@@ -393,6 +420,12 @@ class Trainer:
                                 "model_sha256": self.init_state["sha256"]["model.safetensors"]}
         return out
 
+    def _write_config(self) -> None:
+        """RUN/config.json: the settings and the identity of the run (replaced, never written through a link)."""
+        record = {"train": asdict(self.config), "model": self.model_config.to_dict(), **self._identity()}
+        with replacing(self.run_dir / RUN_CONFIG) as f:
+            f.write(json.dumps(record, indent=1).encode())
+
     # ------------------------------------------------------------------------------------------ run
     def run(self) -> TrainResult:
         """Train to the last step; the process group and the run folder are released on every exit path."""
@@ -437,11 +470,15 @@ class Trainer:
                 self.log(f"WARNING: metrics.jsonl {problem}; the records after the checkpoint continue from step "
                          f"{self.step}")
         if ctx.is_main and resume_step is None:
-            (self.run_dir / "config.json").write_text(json.dumps(
-                {"train": asdict(self.config), "model": self.model_config.to_dict(), **self._identity()}, indent=1))
+            self._write_config()
+        elif ctx.is_main and not ((self.run_dir / RUN_CONFIG).exists() or (self.run_dir / RUN_CONFIG).is_symlink()):
+            self._write_config()  # its checkpoints agree on the run (read_state checked): the identity is back
+            self.log(f"{self.run_dir / RUN_CONFIG} was missing: written again from the checkpoint (run {self.run_id})")
         n_params = self.model.num_parameters()
         tokens_per_step = c.batch_size * c.accum * self.seq_len
-        self.log(f"model: {c.preset} preset, {n_params / 1e6:.2f} M parameters, {self.precision}, "
+        origin = (f"{c.preset} preset" if self.resume_state is None and self.init_state is None
+                  else "the checkpoint's own")
+        self.log(f"model: {origin}, {_describe(self.model_config)}, {n_params / 1e6:.2f} M parameters, {self.precision}, "
                  f"{self.total_steps} steps of {tokens_per_step:,} tokens, world {ctx.world}")
         self.log(f"unigram baseline loss: {baseline:.3f} nats/token (perplexity {math.exp(baseline):.1f})")
         samples = {}
@@ -569,6 +606,38 @@ def _new_run_id() -> str:
 
 def _flag(name: str) -> str:
     return "--" + name.replace("_", "-")
+
+
+#: the command-line flags that set a model field (flag dest -> LMConfig field), see ``attnkit.cli.train``
+MODEL_FLAGS = {"positions": "positions", "kv_heads": "n_kv_heads", "window": "window", "backend": "backend",
+               "dropout": "dropout"}
+
+
+def _ignored_model_flags(requested: dict, model: LMConfig, has: str) -> list[str]:
+    """``--flag value (has its value)`` for each requested model field that differs from ``model``'s."""
+    flags = {field: dest for dest, field in MODEL_FLAGS.items()}
+    return [f"{_flag(flags.get(name, name))} {value!r} ({has} {getattr(model, name, None)!r})"
+            for name, value in sorted(requested.items()) if getattr(model, name, None) != value]
+
+
+def _run_folder_of(resume, where: Path) -> Path:
+    """The run folder of the checkpoint ``where`` to resume: it must be one of ``RUN/checkpoints/step_*`` (a real
+    folder, not a link), else a resume would take an unrelated grandparent folder as the run and write into it."""
+    run_dir = where.parent.parent
+    if where.parent.name != "checkpoints" or where not in ckpt.list_checkpoints(run_dir):
+        raise ckpt.CheckpointError(
+            f"--resume {str(resume)!r}: {str(where)!r} is not a checkpoint inside a run folder (RUN/checkpoints/"
+            "step_NNNNNNNN, a folder, not a link), so there is no run to continue; resume the run folder it belongs "
+            f"to, or start a new run from its weights with --init-from {resume} --run-dir NEW.")
+    return run_dir
+
+
+def _describe(config: LMConfig) -> str:
+    """The model in a few words, as built (not as asked)."""
+    kv = f", {config.n_kv_heads} KV heads" if config.n_kv_heads not in (None, config.n_heads) else ""
+    window = f", window {config.window}" if config.window is not None else ""
+    return (f"{config.n_layers} layers, dim {config.dim}, {config.n_heads} heads{kv}, {config.positions} positions"
+            f"{window}")
 
 
 def train(config: TrainConfig, *, resume: str | Path | None = None, init_from: str | Path | None = None,

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 from attnkit.models.io import read_metrics  # (defined with the run reader: the report reads metrics too)
+from attnkit.training.runs import replacing
 
 
 class MetricsWriter:
@@ -76,6 +77,7 @@ def plot_loss(metrics_path: str | Path, out_path: str | Path, baseline: float | 
     ax.legend()
     ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out_path, dpi=100)
+    with replacing(out_path) as f:  # a symlinked loss.png is replaced, never written through
+        fig.savefig(f, format="png", dpi=100)
     plt.close(fig)
     return Path(out_path)

@@ -12,19 +12,47 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
+import json
 import os
 import shutil
+import stat
+import tempfile
 from pathlib import Path
 
 from attnkit.errors import AttnkitValueError, EnvironmentUnsupportedError
-from attnkit.models.io import is_run_folder
+from attnkit.models.io import is_run_folder, open_regular
 from attnkit.training import checkpoint as ckpt
 
 LOCK = ".attnkit.lock"
 ASIDE = ".replaced"
+MOVING = ".moving.json"  # in ASIDE: the names set_aside moves, written before it moves any
 # what a run writes into its folder (a converted run also carries its model's tokenizer: a new run replaces it too)
 OUTPUTS = ("checkpoints", "config.json", "metrics.jsonl", "loss.png", "tokenizer")
+
+
+@contextlib.contextmanager
+def replacing(path: str | Path):
+    """Write the file ``path`` through a temporary file in its folder, renamed over ``path`` once complete: a symlink
+    (or hard link) at ``path`` is replaced, never written through, and a kill leaves the old file or the new one.
+
+    >>> with replacing(run / "config.json") as f:  # doctest: +SKIP
+    ...     f.write(b"{}")
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
 
 
 class RunInUseError(EnvironmentUnsupportedError):
@@ -50,13 +78,13 @@ class RunFolder:
         if self.path.exists() and not self.path.is_dir():
             raise RunFolderError(f"run_dir {str(self.path)!r} is a file, not a folder; pick another --run-dir.")
         self.path.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = self._open_lock()
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
+            holder = os.pread(fd, 200, 0).decode(errors="replace").strip() or "another process"
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                holder = (self.path / LOCK).read_text().strip() or "another process"
                 raise RunInUseError(f"run folder {str(self.path)!r} is in use by {holder} (it is still training); wait "
                                     "for it to finish or stop it, or pick another --run-dir.") from exc
             raise
@@ -69,6 +97,23 @@ class RunFolder:
             self.log(f"removed {len(removed)} unfinished checkpoint write(s) left by a killed run: "
                      + ", ".join(p.name for p in removed))
         return self
+
+    def _open_lock(self) -> int:
+        """The lock file's descriptor: a regular file of the folder itself, never through a symlink (writing the
+        pid would truncate the link's target) nor a FIFO or device."""
+        path = self.path / LOCK
+        refuse = (f"{str(path)!r} is not a regular file ({{}}); attnkit will not write through it. It only holds the "
+                  "pid of the run that trains there: remove it and run again.")
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EISDIR):
+                raise RunFolderError(refuse.format("a symlink" if exc.errno == errno.ELOOP else "a folder")) from exc
+            raise
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            os.close(fd)
+            raise RunFolderError(refuse.format("a FIFO or a device"))
+        return fd
 
     def release(self) -> None:
         if self._fd is not None:
@@ -102,6 +147,8 @@ class RunFolder:
             return
         aside = self.path / ASIDE
         aside.mkdir()
+        with replacing(aside / MOVING) as f:  # before any move: a restore after a kill knows what was the old run's
+            f.write(json.dumps(present).encode())
         for name in present:
             os.replace(self.path / name, aside / name)
         self._aside = aside
@@ -123,14 +170,26 @@ class RunFolder:
         self.log(f"the previous run in {self.path} was restored (the new run failed before its first checkpoint)")
 
     def _restore(self, aside: Path) -> None:
-        for name in OUTPUTS:
+        """Put the old run back from ``aside``. Only a name found there replaces what is in the folder: a kill in
+        the middle of :meth:`set_aside` left the old run's other files in place. A name the old run did not have
+        (not in the list set_aside wrote first) is the new run's and goes."""
+        moved = {item.name for item in aside.iterdir() if not item.name.startswith((MOVING, f".{MOVING}.tmp-"))}
+        try:
+            with open_regular(aside / MOVING) as f:
+                listed = set(json.loads(f.read(1 << 16)))
+        except (OSError, ValueError, TypeError):
+            listed = None  # a kill before the list was written, or an older attnkit: remove nothing more
+        new_only = set() if listed is None else {n for n in OUTPUTS if n not in listed}
+        for name in sorted(moved | new_only):
             target = self.path / name
             if target.is_dir() and not target.is_symlink():
                 shutil.rmtree(target)
             elif target.exists() or target.is_symlink():
                 target.unlink()
-        for item in aside.iterdir():
-            os.replace(item, self.path / item.name)
+        for name in sorted(moved):
+            os.replace(aside / name, self.path / name)
+        with contextlib.suppress(FileNotFoundError):
+            (aside / MOVING).unlink()
         aside.rmdir()
 
     def _recover(self) -> None:
