@@ -92,19 +92,8 @@ class YaRNScaling:
     truncate: bool = True
 
     def __post_init__(self):
-        number(self.factor, "YaRNScaling.factor", low=1.0,
-                      fix="use factor = target context length / original_max_positions (>= 1).")
-        integer(self.original_max_positions, "YaRNScaling.original_max_positions", low=1,
-                   fix="give the context length the model was trained with, e.g. 4096.")
-        number(self.beta_slow, "YaRNScaling.beta_slow", low=0.0, low_open=True,
-                      fix="use the paper's defaults beta_fast=32, beta_slow=1.")
-        number(self.beta_fast, "YaRNScaling.beta_fast", low=0.0, low_open=True,
-                      fix="use the paper's defaults beta_fast=32, beta_slow=1.")
-        if self.beta_fast <= self.beta_slow:
-            raise AttnkitValueError(
-                f"YaRNScaling.beta_fast must be greater than beta_slow, got beta_fast={self.beta_fast}, "
-                f"beta_slow={self.beta_slow}; use the paper's defaults beta_fast=32, beta_slow=1."
-            )
+        _check_extension(self, "e.g. 4096")
+        _check_band(self, "beta_slow", "beta_fast", fix="use the paper's defaults beta_fast=32, beta_slow=1.")
         if self.attention_factor is not None:
             number(self.attention_factor, "YaRNScaling.attention_factor", low=0.0, low_open=True,
                           fix="omit it for the default 0.1 * ln(factor) + 1.")
@@ -146,19 +135,9 @@ class Llama3Scaling:
     high_freq_factor: float = 4.0
 
     def __post_init__(self):
-        number(self.factor, "Llama3Scaling.factor", low=1.0,
-               fix="use factor = target context length / original_max_positions (>= 1; LLaMA 3.1 uses 8).")
-        integer(self.original_max_positions, "Llama3Scaling.original_max_positions", low=1,
-                fix="give the context length the model was trained with (LLaMA 3.1: 8192).")
-        number(self.low_freq_factor, "Llama3Scaling.low_freq_factor", low=0.0, low_open=True,
-               fix="use LLaMA 3.1's low_freq_factor=1, high_freq_factor=4.")
-        number(self.high_freq_factor, "Llama3Scaling.high_freq_factor", low=0.0, low_open=True,
-               fix="use LLaMA 3.1's low_freq_factor=1, high_freq_factor=4.")
-        if self.high_freq_factor <= self.low_freq_factor:
-            raise AttnkitValueError(
-                f"Llama3Scaling.high_freq_factor must be greater than low_freq_factor, got high_freq_factor="
-                f"{self.high_freq_factor}, low_freq_factor={self.low_freq_factor}; use LLaMA 3.1's 4 and 1."
-            )
+        _check_extension(self, "LLaMA 3.1: factor 8 of 8192")
+        _check_band(self, "low_freq_factor", "high_freq_factor",
+                    fix="use LLaMA 3.1's low_freq_factor=1, high_freq_factor=4.")
 
     def scale(self, inv_freq: torch.Tensor) -> torch.Tensor:
         """The scaled inverse frequencies ``(D/2,)`` of unscaled ``inv_freq`` ``(D/2,)``."""
@@ -168,6 +147,23 @@ class Llama3Scaling:
         # clamp reproduces HF's three cases: s >= 1 exactly where wavelength <= original / high_freq_factor (keep),
         # s <= 0 where wavelength >= original / low_freq_factor (interpolate)
         return (1 - smooth) * inv_freq / self.factor + smooth * inv_freq
+
+
+def _check_extension(scaling, example: str) -> None:
+    """``factor >= 1`` and an int ``original_max_positions >= 1`` of a context-extension scaling dataclass."""
+    cls = type(scaling).__name__
+    number(scaling.factor, f"{cls}.factor", low=1.0,
+           fix=f"use factor = target context length / original_max_positions (>= 1; {example}).")
+    integer(scaling.original_max_positions, f"{cls}.original_max_positions", low=1,
+            fix=f"give the context length the model was trained with ({example}).")
+
+
+def _check_band(scaling, low: str, high: str, *, fix: str) -> None:
+    """Two positive fields with ``low < high`` (YaRN's beta_slow/beta_fast, Llama 3's low/high_freq_factor)."""
+    cls = type(scaling).__name__
+    lo, hi = (number(getattr(scaling, name), f"{cls}.{name}", low=0.0, low_open=True, fix=fix) for name in (low, high))
+    if hi <= lo:
+        raise AttnkitValueError(f"{cls}.{high} must be greater than {low}, got {high}={hi}, {low}={lo}; {fix}")
 
 
 def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:

@@ -31,8 +31,10 @@ from attnkit import masks
 from attnkit.errors import AttnkitError, AttnkitValueError
 from attnkit.models.builders import PRESETS, lm_config
 from attnkit.models.config import LMConfig
-from attnkit.models.io import RUN_CONFIG
-from attnkit.models.io import load_model  # noqa: F401  (re-exported: the reader lives with the models)
+from attnkit.models.io import (
+    RUN_CONFIG,
+    load_model,  # noqa: F401  (re-exported: the reader lives with the models)
+)
 from attnkit.models.lm import TransformerLM
 from attnkit.training import checkpoint as ckpt
 from attnkit.training import dist
