@@ -219,6 +219,8 @@ def plot(payload: dict, out_dir: Path, name: str = "attention") -> list[Path]:
             for who, c in r["contenders"].items():
                 if metric in c:
                     panels[r["case"]].setdefault(who, []).append((r["n"], c[metric]))
+        if not any(panels.values()):  # not recorded in this run (e.g. --memory-at 0): no empty figure
+            continue
         paths.append(line_panels(panels, out_dir / f"{name}_{suffix}.png", ylabel=label))
     return paths
 

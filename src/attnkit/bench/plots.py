@@ -61,7 +61,7 @@ def line_panels(panels: dict[str, dict[str, list[tuple[float, float]]]], path: P
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    from matplotlib.ticker import NullFormatter
+    from matplotlib.ticker import FixedLocator, NullFormatter, ScalarFormatter
 
     styles = series_styles(name for series in panels.values() for name in series)
     n = len(panels)
@@ -75,6 +75,10 @@ def line_panels(panels: dict[str, dict[str, list[tuple[float, float]]]], path: P
                 ax.plot(xs, ys, label=name, **styles[name])
         if log in ("both", "x"):
             ax.set_xscale("log")
+            measured = sorted({x for pts in series.values() for x, _ in pts})
+            if 0 < len(measured) <= 8:  # label exactly the measured lengths (a decade tick alone hides them)
+                ax.xaxis.set_major_locator(FixedLocator(measured))
+                ax.xaxis.set_major_formatter(ScalarFormatter())
             ax.xaxis.set_minor_formatter(NullFormatter())  # minor labels (2x10^3, 3x10^3, ...) overlap
         if log in ("both", "y"):
             ax.set_yscale("log")
