@@ -25,34 +25,21 @@ def _losses(run_dir):
 
 
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="torch built without gloo")
-def test_two_process_context_parallel_equals_one_process(tmp_path):
-    one, two = tmp_path / "one", tmp_path / "two"
+@pytest.mark.parametrize("world", [2, 4], ids=["cp2", "dp2-x-cp2"])
+def test_context_parallel_training_equals_one_process(tmp_path, world):
+    """2 processes split each row in two; 4 = 2 data-parallel replicas x 2 context-parallel ranks."""
+    one, many = tmp_path / "one", tmp_path / "many"
     single = run_cli(cli_args(one, *ARGS))
     assert single.returncode == 0, single.stderr[-3000:]
-    cp = _torchrun(2, *cli_args(two, *ARGS, "--context-parallel", "2"))
-    assert cp.returncode == 0, cp.stderr[-3000:]
-    assert "world 2" in cp.stdout
-    a, b = _losses(one), _losses(two)
+    run = _torchrun(world, *cli_args(many, *ARGS, "--context-parallel", "2"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert f"world {world}" in run.stdout
+    a, b = _losses(one), _losses(many)
     assert len(a) == len(b) == 4 and a[0] != a[-1]  # it trained
-    sent = [r["cp_bytes_sent"] for r in read_metrics(two / "metrics.jsonl")]
+    sent = [r["cp_bytes_sent"] for r in read_metrics(many / "metrics.jsonl")]
     assert sum(sent) > 0, "the ranks exchanged no key/value shard: the rows were not split"
     err = float((a - b).abs().max())
-    assert err <= 1e-5 * float(a.abs().max()), f"context-parallel losses {b.tolist()} vs one process {a.tolist()}"
-
-
-@pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="torch built without gloo")
-def test_data_parallel_times_context_parallel_equals_one_process(tmp_path):
-    """4 processes = 2 data-parallel replicas x 2 context-parallel ranks: each replica's row split in two."""
-    one, four = tmp_path / "one", tmp_path / "four"
-    single = run_cli(cli_args(one, *ARGS))
-    assert single.returncode == 0, single.stderr[-3000:]
-    run = _torchrun(4, *cli_args(four, *ARGS, "--context-parallel", "2"))
-    assert run.returncode == 0, run.stderr[-3000:]
-    assert "world 4" in run.stdout
-    a, b = _losses(one), _losses(four)
-    assert sum(r["cp_bytes_sent"] for r in read_metrics(four / "metrics.jsonl")) > 0
-    err = float((a - b).abs().max())
-    assert err <= 1e-5 * float(a.abs().max()), f"dp x cp losses {b.tolist()} vs one process {a.tolist()}"
+    assert err <= 1e-5 * float(a.abs().max()), f"world {world} losses {b.tolist()} vs one process {a.tolist()}"
 
 
 def test_context_parallel_must_divide_the_world():
