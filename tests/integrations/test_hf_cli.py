@@ -80,7 +80,7 @@ def test_report_on_a_converted_run_uses_its_tokenizer(hf_folder, tmp_path, capsy
 
 def _trained_run(path):
     from attnkit.models.builders import build_lm
-    from attnkit.training.checkpoint import list_checkpoints, save_checkpoint
+    from attnkit.runs.write import list_checkpoints, save_checkpoint
 
     model = build_lm("nano", n_layers=1)
     for step in (100, 200):
@@ -90,7 +90,7 @@ def _trained_run(path):
 
 def test_convert_refuses_an_existing_run_and_replaces_it_only_when_asked(hf_folder, tmp_path, capsys):
     """The regression: --out on a trained run pruned its checkpoints (and the new one) and printed success."""
-    from attnkit.training.checkpoint import list_checkpoints
+    from attnkit.runs.write import list_checkpoints
 
     folder, _, _ = hf_folder
     run = tmp_path / "run"
@@ -116,7 +116,7 @@ def test_convert_refuses_a_folder_with_other_files(hf_folder, tmp_path, capsys):
 
 def test_a_new_training_run_replaces_a_converted_runs_tokenizer(hf_folder, tmp_path):
     """--overwrite with the trainer on a converted run must not leave the HF tokenizer for the byte-level model."""
-    from attnkit.training.runs import RunFolder
+    from attnkit.runs.folder import RunFolder
 
     folder, _, _ = hf_folder
     run = tmp_path / "run"

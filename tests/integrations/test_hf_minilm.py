@@ -79,9 +79,11 @@ def test_embeddings_are_not_trivially_equal(package_embeddings):
 
 def test_doctor_compares_attnkit_on_the_real_model():
     from attnkit.diagnostics.doctor import examine
-    from attnkit.diagnostics.targets import load_target
+    from attnkit.runs import open_source
 
-    model, fresh = load_target(str(PATH))
+    source = open_source(str(PATH))
+
+    model, fresh = source.model, source.fresh
     report = examine(model, checks=["backend-agreement", "padding-leak"], fresh=fresh, name="minilm")
     text = str(report)
     assert report.exit_code == 0, text

@@ -16,11 +16,11 @@ from train_helpers import CORPUS, cli_args, run_cli, small_config
 
 from attnkit.cli.main import main
 from attnkit.errors import AttnkitValueError, EnvironmentUnsupportedError
-from attnkit.training import checkpoint as ckpt
+from attnkit.runs import write as ckpt
 from attnkit.training import loop
 from attnkit.training.loop import TrainConfig, TrainingDiverged, train, verdict
 from attnkit.training.metrics import read_metrics
-from attnkit.training.runs import RunFolder, RunFolderError, RunInUseError
+from attnkit.runs.folder import RunFolder, RunFolderError, RunInUseError
 
 
 def _quiet(*args, **kwargs):
@@ -287,8 +287,8 @@ def test_generate_errors_name_the_value_and_the_limit(tmp_path, capsys):
     assert main(["generate", "--checkpoint", str(run), "--prompt", "def ", "--max-new-tokens", str(limit),
                  "--cache", "static"]) == 2
     err = capsys.readouterr()
-    assert (f"--max-new-tokens {limit} with a prompt of 4 tokens needs {limit + 4} positions, but the model's learned "
-            f"positions hold {limit}; pass --max-new-tokens {limit - 4} or less") in err.err
+    assert (f"max_new_tokens={limit} with a prompt of 4 tokens needs {limit + 4} positions, but the model's learned "
+            f"positions hold {limit}; pass max_new_tokens={limit - 4} or less") in err.err
     assert err.out == ""  # refused before any text was printed
 
 

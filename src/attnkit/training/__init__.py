@@ -4,7 +4,7 @@
 >>> train(TrainConfig(run_dir="runs/tiny", steps=300))  # doctest: +SKIP
 """
 
-from attnkit.training.checkpoint import CheckpointError
+from attnkit.runs.read import CheckpointError
 from attnkit.training.data import ByteTokenizer, PackedDataset, load_documents, split_by_file
 from attnkit.training.loop import TrainConfig, Trainer, TrainResult, load_model, train
 

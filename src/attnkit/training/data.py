@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from attnkit.errors import AttnkitValueError
-from attnkit.models.io import ByteTokenizer  # noqa: F401  (the run's tokens: defined with the run reader)
+from attnkit.runs.tokens import ByteTokenizer  # noqa: F401  (the run's tokens: defined with the run reader)
 
 TEXT_SUFFIXES = (".txt", ".md", ".py", ".rst", ".json", ".c", ".h", ".js", ".html", ".csv", ".tex", ".toml", ".yaml")
 

@@ -31,17 +31,15 @@ from attnkit import masks
 from attnkit.errors import AttnkitError, AttnkitValueError
 from attnkit.models.builders import PRESETS, lm_config
 from attnkit.models.config import LMConfig
-from attnkit.models.io import (
-    RUN_CONFIG,
-    load_model,  # noqa: F401  (re-exported: the reader lives with the models)
-)
 from attnkit.models.lm import TransformerLM
-from attnkit.training import checkpoint as ckpt
+from attnkit.runs import write as ckpt
+from attnkit.runs.folder import RunFolder
+from attnkit.runs.read import METRICS, RUN_CONFIG, LOSS_PLOT, load_model  # noqa: F401  (load_model: re-exported)
+from attnkit.runs.write import replacing
 from attnkit.training import dist
 from attnkit.training.data import ByteTokenizer, PackedDataset, load_documents, split_by_file, unigram_loss
 from attnkit.training.metrics import MetricsWriter, plot_loss
 from attnkit.training.precision import autocast, choose_precision
-from attnkit.training.runs import RunFolder, replacing
 from attnkit.training.sampling import sample_text
 from attnkit.training.schedule import lr_at
 
@@ -211,7 +209,7 @@ class Trainer:
     """One run: data, model, optimizer, schedule and outputs; :meth:`run` trains to the last step.
 
     Everything is checked before the run folder is touched (settings, device, data, model, the checkpoint to
-    resume or start from); then rank 0 takes the folder's lock (:class:`attnkit.training.runs.RunFolder`).
+    resume or start from); then rank 0 takes the folder's lock (:class:`attnkit.runs.folder.RunFolder`).
 
     ``resume``: continue a run from its newest checkpoint (or one checkpoint folder). The run keeps its own
     settings; of ``config`` only :data:`RESUME_HONOURS` are used when named in ``given`` (the settings the
@@ -419,7 +417,7 @@ class Trainer:
                "world": self.ctx.world}
         if self.init_state is not None:
             out["init_from"] = {"run_id": self.init_state.get("run_id"), "step": self.init_state["step"],
-                                "model_sha256": self.init_state["sha256"]["model.safetensors"]}
+                                "model_sha256": self.init_state["sha256"][ckpt.FILES[0]]}
         return out
 
     def _write_config(self) -> None:
@@ -465,7 +463,7 @@ class Trainer:
             eval_batches = [self.train_data.rows(torch.arange(self.train_data.num_rows))]
         baseline = unigram_loss(self.train_data, eval_batches, self.tokenizer.vocab_size)
         resume_step = self.step if self.resume_state is not None else None
-        self.metrics = MetricsWriter(self.run_dir / "metrics.jsonl", resume_step=resume_step) if ctx.is_main else None
+        self.metrics = MetricsWriter(self.run_dir / METRICS, resume_step=resume_step) if ctx.is_main else None
         if self.metrics is not None and self.resume_state is not None:
             problem = self.metrics.verify(self.resume_state.get("metrics"))
             if problem:
@@ -540,7 +538,7 @@ class Trainer:
             bar.close()
         if self.metrics is not None:
             self.metrics.close()
-            plot_loss(self.run_dir / "metrics.jsonl", self.run_dir / "loss.png", baseline)
+            plot_loss(self.run_dir / METRICS, self.run_dir / LOSS_PLOT, baseline)
         passed = None
         if c.overfit:
             passed = loss_value < 0.05
@@ -626,7 +624,7 @@ def _run_folder_of(resume, where: Path) -> Path:
     """The run folder of the checkpoint ``where`` to resume: it must be one of ``RUN/checkpoints/step_*`` (a real
     folder, not a link), else a resume would take an unrelated grandparent folder as the run and write into it."""
     run_dir = where.parent.parent
-    if where.parent.name != "checkpoints" or where not in ckpt.list_checkpoints(run_dir):
+    if where.parent.name != ckpt.CHECKPOINTS or where not in ckpt.list_checkpoints(run_dir):
         raise ckpt.CheckpointError(
             f"--resume {str(resume)!r}: {str(where)!r} is not a checkpoint inside a run folder (RUN/checkpoints/"
             "step_NNNNNNNN, a folder, not a link), so there is no run to continue; resume the run folder it belongs "
