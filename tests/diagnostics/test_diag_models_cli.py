@@ -9,9 +9,9 @@ from diag_zoo import TinyDecoder, missing_scale
 import attnkit as ak
 from attnkit.cli.main import main
 from attnkit.diagnostics import TokenAdapter, make_subject
-from attnkit.runs import open_source
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, EnvironmentUnsupportedError
 from attnkit.models.builders import build_encoder, build_lm
+from attnkit.runs import open_source
 
 
 def test_doctor_passes_attnkit_decoder_and_encoder():

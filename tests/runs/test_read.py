@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
+import attnkit.training as training_loop
 from attnkit.models.builders import build_lm
 from attnkit.runs import read as io
 from attnkit.runs import tokens
 from attnkit.runs import write as checkpoint
 from attnkit.training import data, metrics
-from attnkit.training import loop as training_loop
 
 SRC = Path(io.__file__).resolve().parents[2]
 

@@ -12,7 +12,7 @@ from attnkit.runs.source import RemoteCodeRefused, open_source
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 from train_helpers import small_config  # noqa: E402
 
-from attnkit.training.loop import train  # noqa: E402
+from attnkit.training import train  # noqa: E402
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ import torch
 
 from attnkit.models.builders import build_lm
 from attnkit.runs import write as ckpt
-from attnkit.training.loop import load_model, param_groups
+from attnkit.training import load_model, param_groups
 
 
 def _trained(steps=2):

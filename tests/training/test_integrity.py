@@ -15,7 +15,7 @@ from train_helpers import small_config
 
 from attnkit.models.builders import build_lm
 from attnkit.runs import write as ckpt
-from attnkit.training.loop import load_model, train
+from attnkit.training import load_model, train
 from attnkit.training.metrics import read_metrics
 
 

@@ -13,10 +13,9 @@ from attnkit.cli.main import main
 from attnkit.errors import AttnkitValueError
 from attnkit.models.builders import build_lm
 from attnkit.runs import write as ckpt
-from attnkit.training import loop
-from attnkit.training import precision as prec
 from attnkit.runs.write import list_checkpoints
-from attnkit.training.loop import TrainConfig, Trainer, param_groups, train
+from attnkit.training import TrainConfig, Trainer, loop, param_groups, train
+from attnkit.training import precision as prec
 from attnkit.training.metrics import read_metrics
 from attnkit.training.schedule import lr_at
 

@@ -130,6 +130,19 @@ def resolve(path: str | Path) -> Path:
     return found[-1]
 
 
+def run_folder_of(ckpt: Path, named: str | Path | None = None, *, fix: str = "resume the run folder it belongs "
+                  "to, or start a new run (in a new folder) from its weights.") -> Path:
+    """The run folder of the checkpoint ``ckpt`` (named ``named`` by the user): it must be one of
+    ``RUN/checkpoints/step_*`` (a real folder, not a link), else a resume would take an unrelated grandparent
+    folder as the run and write into it. ``fix``: what the refusal tells the user to do instead."""
+    run_dir = ckpt.parent.parent
+    if ckpt.parent.name != CHECKPOINTS or ckpt not in list_checkpoints(run_dir):
+        raise CheckpointError(
+            f"{str(named or ckpt)!r}: {str(ckpt)!r} is not a checkpoint inside a run folder (RUN/checkpoints/"
+            f"step_NNNNNNNN, a folder, not a link), so there is no run to continue; {fix}")
+    return run_dir
+
+
 # ------------------------------------------------------------------------------------------------ verifying
 
 

@@ -37,10 +37,10 @@ from safetensors.torch import load, load_file, save_file, save_model  # noqa: F4
 
 # the reader, re-exported for the trainer's callers (defined once, in attnkit.runs.read)
 from attnkit.runs.read import (  # noqa: F401
+    CHECKPOINTS,
     FILES,
     FORMAT,
     MANIFEST,
-    CHECKPOINTS,
     CheckpointError,
     list_checkpoints,
     load_verified_weights,
@@ -77,7 +77,6 @@ def replacing(path: str | Path):
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
         raise
-
 
 
 def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,

@@ -174,3 +174,14 @@ def unigram_loss(train: PackedDataset, batches, vocab_size: int) -> float:
     logp = (counts / counts.sum()).log()  # (V,)
     targets = torch.cat([b.targets.flatten() for b in batches])
     return float(-logp[targets].mean())
+
+
+def data_fingerprint(docs) -> str:
+    """SHA-256 over the documents' names and bytes: the identity of a run's data."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, data in docs:
+        h.update(f"{len(name)}:{name}:{len(data)}:".encode())
+        h.update(data)
+    return h.hexdigest()

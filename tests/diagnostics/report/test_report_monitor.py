@@ -8,7 +8,7 @@ import pytest
 from attnkit.cli.main import main
 from attnkit.diagnostics.monitor import monitor_hook
 from attnkit.errors import AttnkitValueError
-from attnkit.training.loop import train
+from attnkit.training import train
 from attnkit.training.metrics import read_metrics
 from training.train_helpers import cli_args, small_config
 
