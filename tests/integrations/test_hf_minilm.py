@@ -66,7 +66,8 @@ def test_length_sorted_batches_keep_the_order_and_the_vectors(package_embeddings
     got = embed(model, tokenizer, SENTENCES, truncate_to=max_length(PATH), batch_size=5)  # 3 batches, sorted
     err = (got - package_embeddings).abs().max().item()
     assert err <= 1e-5, f"batched attnkit vs the package's model: max abs diff {err:.3g}"
-    with pytest.raises(AttnkitValueError, match=r"batch_size must be a positive int or None, got 0; e.g. batch_size"):
+    with pytest.raises(AttnkitValueError,
+                       match=r"batch_size must be a positive int, got 0; or None \(one batch\); e.g. batch_size"):
         embed(model, tokenizer, SENTENCES, batch_size=0)
 
 

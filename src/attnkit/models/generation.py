@@ -31,6 +31,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from attnkit._checks import positive_int
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
 from attnkit.masks import MaskSpec, custom
 
@@ -126,8 +127,8 @@ def _check_args(model, prompts, max_new_tokens, temperature, top_k, top_p, stop_
     if temperature == 0 and (top_k is not None or top_p is not None):
         raise AttnkitValueError(f"top_k={top_k} / top_p={top_p} only apply when sampling, but temperature=0 "
                                 "(greedy); pass temperature > 0 (e.g. 1.0) or drop top_k/top_p.")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise AttnkitValueError(f"top_k must be an int >= 1 or None, got {describe(top_k)}.")
+    if top_k is not None:
+        positive_int(top_k, "top_k", "or None (no top-k cut).")
     if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
         raise AttnkitValueError(f"top_p must be in (0, 1] or None, got {describe(top_p)}; e.g. 0.9.")
     if any(isinstance(t, bool) or not isinstance(t, int) for t in stop_tokens):
