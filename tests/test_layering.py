@@ -153,3 +153,15 @@ def test_a_forbidden_pair_is_caught(tmp_path, monkeypatch):
     with pytest.raises(AssertionError, match=r"line 2: attnkit.training.loop: the doctor and the report read run "
                                              r"folders without the trainer"):
         test_imports_go_down(fake)
+
+
+def test_nothing_cites_a_design_file_the_repository_does_not_have():
+    """issue 20 item 5: source, tests and docs cited a DESIGN.md that is not in the repository; the rules live in
+    docs/conventions.md and docs/architecture.md."""
+    root = SRC.parents[1]
+    if not (root / "docs").is_dir():
+        pytest.skip("not a source checkout (no docs/ next to src/)")
+    paths = [*SRC.rglob("*.py"), *(root / "tests").rglob("*.py"), *(root / "docs").rglob("*.md"), root / "README.md"]
+    citing = sorted(str(p.relative_to(root)) for p in paths if "DESIGN" in p.read_text(errors="replace")
+                    and p != Path(__file__).resolve() and not (root / "DESIGN.md").exists())
+    assert not citing, f"these cite DESIGN.md, which is not in the repository: {citing}; cite docs/conventions.md"
