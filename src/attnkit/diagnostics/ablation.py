@@ -24,9 +24,10 @@ Heads are ``(layer, head)`` pairs. ``layer``: for attnkit models the index of th
 call within one forward of ``model`` (a forward pre-hook on ``model`` restarts the count), which is the i-th
 decoder / encoder layer. ``head`` is a query head (with GQA, one of the H query heads, not a KV head).
 Out-of-range pairs raise a ``ValueError`` before the forward when the model's structure tells its layers
-(:func:`attention_layout`), else while it runs. An attention call that can't be given a layer while one of these
-is active (another model; activation checkpointing recomputing a Hugging Face layer in the backward pass)
-raises a ``RuntimeError``.
+(:func:`attention_layout`), else while it runs. Attention calls of modules outside an attnkit ``model`` are
+left alone (so ``ablate(model.blocks[3].attn, [(0, 2)])`` edits that one layer while the whole model runs); for
+other models an attention call outside a forward of ``model`` can't be given a layer (another model, or
+activation checkpointing recomputing a Hugging Face layer in the backward pass) and raises a ``RuntimeError``.
 
 Shape legend: B batch, H query heads, Lq query length, Dv head dim of the values, h the chosen heads of a layer.
 """
@@ -152,10 +153,12 @@ class _HeadEditor:
 
     def _edit(self, call, out: torch.Tensor) -> torch.Tensor:
         if not self._active:
+            if self.layers:  # every attention module of the model is hooked: this call is not the model's
+                return out
             raise EnvironmentUnsupportedError(
-                f"an attention call ran outside the {type(self.model).__name__} given to {type(self).__name__}(...) "
-                "while it was active (another model, or activation checkpointing recomputing a layer of a model "
-                "whose attention is not an attnkit module), so its layer is unknown; run other models outside the "
+                f"an attention call ran outside a forward of the {type(self.model).__name__} given to "
+                f"{type(self).__name__}(...) while it was active (another model, or activation checkpointing "
+                "recomputing a layer in the backward pass), so its layer is unknown; run other models outside the "
                 "with block and turn gradient checkpointing off.")
         if self.layers:
             layer = self._active[-1]

@@ -161,9 +161,9 @@ class HeadImportance:
                 "baseline": self.baseline, "tokens": self.length, "scores": self.scores.tolist(),
                 "ranking": [{"layer": lh[0], "head": lh[1], "score": s} for lh, s in self.ranking()]}
 
-    def figure(self, path: str | Path | None = None, *, title: str | None = None):
+    def figure(self, path: str | Path | None = None, *, name: str | None = None, title: str | None = None):
         """A layers x heads heatmap of the scores with labelled axes and a colour bar; saved as PNG when ``path``
-        is given. Returns the figure."""
+        is given; ``name`` (the model) heads the default title. Returns the figure."""
         from attnkit.diagnostics.viz import _plt
 
         plt = _plt()
@@ -186,9 +186,9 @@ class HeadImportance:
                     ax.text(h, i, f"{value:.2g}", ha="center", va="center", fontsize=6,
                             color="white" if abs(value) > 0.6 * span else "black")
         fig.colorbar(im, ax=ax).set_label(self.unit, fontsize=8)
-        ax.set_title(title or f"head importance: {self.ablation} ablation of one head at a time, {self.length} "
-                     f"tokens\nobjective {self.objective}: {self.description} (intact: {self.baseline:.4g})",
-                     fontsize=8)
+        default = (f"{name + ': ' if name else ''}head importance, {self.ablation} ablation of one head at a time, "
+                   f"{self.length} tokens\nobjective {self.objective}: {self.description} (intact: {self.baseline:.4g})")
+        ax.set_title(title or default, fontsize=8)
         if path is not None:
             fig.savefig(path, dpi=120)
             plt.close(fig)
