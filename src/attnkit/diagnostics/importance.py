@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnkit.diagnostics.ablation import MODES, ablate, record
+from attnkit.diagnostics.ablation import MODES, ablate, record_heads
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, BackendUnsupportedError, describe
 
 
@@ -234,7 +234,7 @@ def head_importance(model: nn.Module, tokens: torch.Tensor, *, objective="auto",
     model.eval()
     try:
         with torch.no_grad(), _through_attnkit(model):
-            with record(model) as rec:
+            with record_heads(model) as rec:
                 intact = obj.measure(model, tokens)
             if not rec.outputs:
                 raise AttnkitValueError(f"no attention call of {type(model).__name__} went through "
