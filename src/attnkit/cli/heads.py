@@ -14,13 +14,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-DEFAULT_TEXT = "The quick brown fox jumps over the lazy dog. The dog sleeps."
+from attnkit.cli.report import DEFAULT_TEXT
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("heads", help="rank a model's attention heads by the loss change when each is removed")
-    p.add_argument("target", help="a preset (tiny), an attnkit run/checkpoint folder, a Hugging Face folder, or "
-                                  "hf-gpt2-tiny / hf-llama-tiny / hf-bert-tiny")
+    p.add_argument("target", help="what attnkit doctor takes: a preset, a run or checkpoint folder, a Hugging Face "
+                                  "folder, or hf-*-tiny")
     p.add_argument("--text", default=DEFAULT_TEXT, help="the input the heads are scored on")
     p.add_argument("--ablation", choices=["zero", "mean"], default="zero",
                    help="replace a removed head's output by zeros, or by its mean over the text's positions")
