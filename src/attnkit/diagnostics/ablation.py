@@ -20,14 +20,16 @@ serves every backend (SDPA, flex, blocksparse, math), every attnkit model (:clas
 
 Heads are ``(layer, head)`` pairs. ``layer``: for attnkit models the index of the
 :class:`~attnkit.nn.MultiHeadAttention` module in ``model.named_modules()`` order (the block index of a
-``TransformerLM``), found by hooks on those modules; for other models (Hugging Face) the index of the attention
-call within one forward of ``model`` (a forward pre-hook on ``model`` restarts the count), which is the i-th
-decoder / encoder layer. ``head`` is a query head (with GQA, one of the H query heads, not a KV head).
-Out-of-range pairs raise a ``ValueError`` before the forward when the model's structure tells its layers
-(:func:`attention_layout`), else while it runs. Attention calls of modules outside an attnkit ``model`` are
-left alone (so ``ablate(model.blocks[3].attn, [(0, 2)])`` edits that one layer while the whole model runs); for
-other models an attention call outside a forward of ``model`` can't be given a layer (another model, or
-activation checkpointing recomputing a Hugging Face layer in the backward pass) and raises a ``RuntimeError``.
+``TransformerLM``; linear-attention layers are not counted), found by hooks on those modules; for other models
+(Hugging Face) the index of the attention call within one forward of ``model`` (a forward pre-hook on ``model``
+restarts the count), which is the i-th decoder / encoder layer. ``head`` is a query head (with GQA, one of the
+H query heads, not a KV head). Out-of-range pairs raise a ``ValueError`` before the forward when the model's
+structure tells its layers (:func:`attention_layout`), else while it runs.
+
+In an attnkit ``model``, attention calls made outside its ``MultiHeadAttention`` modules are left alone (so
+``ablate(model.blocks[3].attn, [(0, 2)])`` edits that one layer while the whole model runs). For other models
+an attention call outside a forward of ``model`` can't be given a layer (another model, or activation
+checkpointing recomputing a Hugging Face layer in the backward pass) and raises a ``RuntimeError``.
 
 Shape legend: B batch, H query heads, Lq query length, Dv head dim of the values, h the chosen heads of a layer.
 """
