@@ -166,6 +166,20 @@ def test_layers_are_the_attention_modules_through_encode_and_a_lone_module():
     assert attention_layout(enc) == [2, 2]
 
 
+def test_gradients_through_an_ablation_survive_activation_checkpointing(lm, tokens):
+    """The recomputed layers in the backward pass are edited too (module hooks fire again): same gradients."""
+    grads = []
+    for checkpointing in (False, True):
+        lm.zero_grad()
+        lm.train()
+        lm.gradient_checkpointing = checkpointing
+        with ablate(lm, [(0, 1), (1, 2)], "mean"):
+            lm_loss(lm(tokens), tokens).backward()
+        grads.append(lm.blocks[0].attn.qkv_proj.weight.grad.clone())
+    assert grads[0].abs().max() > 0
+    torch.testing.assert_close(grads[1], grads[0], rtol=0, atol=1e-12)
+
+
 # ------------------------------------------------------------------------------------ Hugging Face models
 
 
@@ -402,6 +416,19 @@ def test_errors_found_while_running_a_model_of_unknown_layout():
     with pytest.raises(NotImplementedError, match=r"Direct made more than 1 attention calls in one forward but has 1 "
                                                   r"attention layers"), ablate(twice, []):
         twice(x)
+
+
+def test_a_model_whose_attention_attnkit_does_not_run_is_refused():
+    model, _ = load_target("hf-gpt2-tiny")
+    model.set_attn_implementation("eager")
+    with pytest.raises(ValueError, match=r"GPT2LMHeadModel runs its attention with attn_implementation='eager', which "
+                                         r"attnkit can't edit; call model.set_attn_implementation\('attnkit'\)"):
+        ablate(model, [(0, 0)]).__enter__()
+    assert not ak._hooks.EDITORS
+    plain = nn.Sequential(nn.Embedding(10, 4))
+    with pytest.raises(ValueError, match=r"no attention call of Sequential went through attnkit.attention, so no "
+                                         r"head was edited"), ablate(plain, [(0, 0)]):
+        plain(torch.randint(0, 10, (1, 3)))
 
 
 def test_errors_of_patch(lm, tokens):

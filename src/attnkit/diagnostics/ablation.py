@@ -126,6 +126,12 @@ class _HeadEditor:
         self._handles: list = []
 
     def __enter__(self):
+        implementation = getattr(getattr(self.model, "config", None), "_attn_implementation", None)
+        if not self.layers and isinstance(implementation, str) and "attnkit" not in implementation:
+            raise AttnkitValueError(
+                f"{type(self.model).__name__} runs its attention with attn_implementation={implementation!r}, which "
+                "attnkit can't edit; call model.set_attn_implementation('attnkit') (after import "
+                "attnkit.integrations.hf) first.")
         for index, module in enumerate(self.layers or [self.model]):
             self._handles += [module.register_forward_pre_hook(self._start(index)),
                               module.register_forward_hook(self._finish, always_call=True)]
@@ -149,7 +155,14 @@ class _HeadEditor:
     def _finish(self, module, args, output) -> None:
         if self._active:
             self._active.pop()
-        if not self._active and self.layout is None:  # only now is the number of layers known
+        if self._active or self.layers:
+            return
+        if self._calls == 0 and self.heads:
+            raise AttnkitValueError(
+                f"no attention call of {type(self.model).__name__} went through attnkit.attention, so no head was "
+                "edited; build the model from attnkit modules, or load a Hugging Face model with "
+                "attn_implementation='attnkit'.")
+        if self.layout is None:  # only now is the number of layers known
             for layer in self.heads:
                 _check_layer(layer, self._calls, "heads")
 
