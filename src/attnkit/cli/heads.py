@@ -49,6 +49,10 @@ def run(args) -> int:
     torch.manual_seed(args.seed)
     model, _ = load_target(args.target, encoder=args.encoder)
     ids, _ = tokenize(model, args.text, _run_tokenizer(args.target))  # (1, L)
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if isinstance(limit, int) and ids.shape[1] > limit:
+        raise AttnkitValueError(f"--text is {ids.shape[1]} tokens but {args.target} has position embeddings for "
+                                f"{limit}; shorten the text to at most {limit} tokens.")
     result = head_importance(model, ids, ablation=args.ablation)
     if args.out is not None:
         result.figure(args.out, name=display_name(args.target))
