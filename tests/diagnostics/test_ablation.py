@@ -416,6 +416,11 @@ def test_errors_found_while_running_a_model_of_unknown_layout():
     with pytest.raises(NotImplementedError, match=r"Direct made more than 1 attention calls in one forward but has 1 "
                                                   r"attention layers"), ablate(twice, []):
         twice(x)
+    once = Direct(calls=1)
+    once.config = type("Config", (), {"num_hidden_layers": 2, "num_attention_heads": 2})()
+    with pytest.raises(NotImplementedError, match=r"Direct made 1 attention calls through attnkit.attention in one "
+                                                  r"forward but has 2 layers"), ablate(once, [(0, 0)]):
+        once(x)
 
 
 def test_a_model_whose_attention_attnkit_does_not_run_is_refused():

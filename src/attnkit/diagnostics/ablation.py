@@ -165,6 +165,12 @@ class _HeadEditor:
         if self.layout is None:  # only now is the number of layers known
             for layer in self.heads:
                 _check_layer(layer, self._calls, "heads")
+        elif 0 < self._calls < len(self.layout):
+            raise BackendUnsupportedError(
+                f"{type(self.model).__name__} made {self._calls} attention calls through attnkit.attention in one "
+                f"forward but has {len(self.layout)} layers (a hybrid whose other layers attend another way?), so "
+                "call order is not the layer number; edit a submodule whose layers all call attnkit.attention.",
+                ["fewer attention calls than layers"])
 
     def _edit(self, call, out: torch.Tensor) -> torch.Tensor:
         if not self._active:
