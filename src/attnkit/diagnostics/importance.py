@@ -136,7 +136,8 @@ def resolve_objective(model: nn.Module, objective) -> Objective:
 @dataclass
 class HeadImportance:
     """``scores`` ``(layers, heads)`` float64: the objective with that head removed minus ``baseline`` (the
-    intact model's objective); higher = the head matters more. NaN where a layer has fewer heads."""
+    intact model's objective); higher = the head matters more. NaN where a layer has fewer heads (or did not
+    run). :meth:`ranking`, :meth:`to_dict` and :meth:`figure` present them."""
 
     scores: torch.Tensor
     objective: str
@@ -241,8 +242,8 @@ def head_importance(model: nn.Module, tokens: torch.Tensor, *, objective="auto",
                                         "attnkit.attention, so no head can be ablated; build the model from attnkit "
                                         "modules, or load a Hugging Face model with attn_implementation='attnkit'.")
             baseline = obj.value(intact, intact)
-            heads = [rec.outputs[i].shape[1] for i in sorted(rec.outputs)]
-            scores = torch.full((len(heads), max(heads)), float("nan"), dtype=torch.float64)
+            heads = [rec.outputs[i].shape[1] if i in rec.outputs else 0 for i in range(max(rec.outputs) + 1)]
+            scores = torch.full((len(heads), max(heads)), float("nan"), dtype=torch.float64)  # NaN: no such head
             for layer, n in enumerate(heads):
                 for head in range(n):
                     with ablate(model, [(layer, head)], ablation):
