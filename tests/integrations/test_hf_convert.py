@@ -185,14 +185,21 @@ def test_to_hf_refuses_what_the_family_cannot_express():
     qwen = from_hf(_model("qwen2")[1])
     with pytest.raises(AttnkitValueError, match="q/k/v biases, which only Qwen2 has"):
         to_hf(qwen, "mistral")
+    from attnkit.models.builders import lm_config
     from attnkit.models.lm import TransformerLM
 
     per_layer = TransformerLM(qwen.config.replace(qkv_bias=None))  # windows on some layers, no biases
     with pytest.raises(AttnkitValueError, match="Mistral has one window for every layer"):
         to_hf(per_layer, "mistral")
-    with pytest.raises(AttnkitValueError, match="BERT is a post-norm encoder with learned positions and an embedding "
-                                                "norm; the model has post_norm=False"):
+    with pytest.raises(BackendUnsupportedError, match=r"the model has no exact bert form: causal=True \(needs False\); "
+                                                      r"post_norm=False \(needs True\)"):
         to_hf(mistral, "bert")
+    with pytest.raises(BackendUnsupportedError, match=r"the model has no exact llama form: norm='layernorm' \(needs "
+                                                      r"'rmsnorm'\); mlp='gelu' \(needs 'swiglu'\)\.$"):
+        to_hf(TransformerLM(lm_config("nano")), "llama")  # attnkit's own presets: LayerNorm + GELU
+    with pytest.raises(BackendUnsupportedError, match=r"no exact gpt2 form: positions='rope' \(needs 'learned'\); "
+                                                      r"bias=False \(needs True\)\.$"):
+        to_hf(TransformerLM(lm_config("nano")), "gpt2")
 
 
 def test_minilm_through_the_converter_gives_the_package_embeddings():

@@ -68,6 +68,17 @@ class Family:
     hf_config: Callable[[LMConfig, str], object] | None = None
     prefix: str = "model."  # the base model's name inside ``causal_lm`` ("" when causal_lm is the base model)
     lm_head: bool = True  # ``causal_lm`` has an ``lm_head.weight`` (BertModel has none)
+    requires: tuple[tuple[str, tuple], ...] = ()  # (LMConfig field, the values the family can express), for to_hf
+
+    def mismatches(self, cfg: LMConfig) -> list[str]:
+        """``"field=value (needs ...)"`` for every LMConfig field of ``cfg`` this family can't express."""
+        out = []
+        for field, allowed in self.requires:
+            value = getattr(cfg, field)
+            values = set(value) if field == "attention" and isinstance(value, tuple) else {value}
+            if not values <= set(allowed):
+                out.append(f"{field}={value!r} (needs {' or '.join(map(repr, allowed))})")
+        return out
 
 
 def _unsupported(model_type: str, field: str, value, fix: str) -> BackendUnsupportedError:
@@ -251,10 +262,6 @@ def _bert_config(c) -> dict:
 def _bert_hf_config(cfg: LMConfig, model_type: str):
     import transformers as tf
 
-    if not (cfg.post_norm and cfg.embed_norm and cfg.positions == "learned" and not cfg.causal):
-        raise AttnkitValueError("BERT is a post-norm encoder with learned positions and an embedding norm; the model "
-                                f"has post_norm={cfg.post_norm}, embed_norm={cfg.embed_norm}, "
-                                f"positions={cfg.positions!r}, causal={cfg.causal}: export it as a decoder family.")
     act = {"gelu_exact": "gelu", "gelu": "gelu_new", "relu": "relu"}
     return tf.BertConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.dim, num_hidden_layers=cfg.n_layers,
                          num_attention_heads=cfg.n_heads, intermediate_size=cfg.resolved_mlp_hidden,
@@ -291,11 +298,24 @@ def register_family(family: Family) -> None:
         FAMILIES[t] = family
 
 
-register_family(Family(("gpt2",), _gpt2_config, _gpt2_params, "GPT2LMHeadModel", _gpt2_hf_config, "transformer."))
-for _t_name, _cls in (("llama", "LlamaForCausalLM"), ("mistral", "MistralForCausalLM"), ("qwen2", "Qwen2ForCausalLM")):
+_PLAIN = (("attention", ("softmax",)), ("qk_norm", (False,)), ("type_vocab_size", (0,)), ("embed_norm", (False,)),
+          ("post_norm", (False,)), ("causal", (True,)))  # what every decoder family here needs
+_GPT2_NEEDS = (*_PLAIN, ("positions", ("learned",)), ("norm", ("layernorm",)), ("mlp", ("gelu", "gelu_exact", "relu")),
+               ("bias", (True,)), ("n_kv_heads", (None,)), ("window", (None,)), ("head_dim", (None,)))
+_ROPE_NEEDS = (*_PLAIN, ("positions", ("rope",)), ("norm", ("rmsnorm",)), ("mlp", ("swiglu",)), ("bias", (False,)))
+_BERT_NEEDS = (("attention", ("softmax",)), ("qk_norm", (False,)), ("causal", (False,)), ("post_norm", (True,)),
+               ("embed_norm", (True,)), ("positions", ("learned",)), ("norm", ("layernorm",)), ("bias", (True,)),
+               ("mlp", ("gelu", "gelu_exact", "relu")), ("n_kv_heads", (None,)), ("window", (None,)),
+               ("head_dim", (None,)))
+
+register_family(Family(("gpt2",), _gpt2_config, _gpt2_params, "GPT2LMHeadModel", _gpt2_hf_config, "transformer.",
+                       requires=_GPT2_NEEDS))
+for _t_name, _cls, _needs in (("llama", "LlamaForCausalLM", ()), ("mistral", "MistralForCausalLM", ()),
+                              ("qwen2", "Qwen2ForCausalLM", (("qkv_bias", (True,)),))):  # Qwen2 always has them
     register_family(Family((_t_name,), lambda c, _n=_t_name: _rope_config(c, _n), _rope_params, _cls,
-                           _rope_hf_config))
-register_family(Family(("bert",), _bert_config, _bert_params, "BertModel", _bert_hf_config, "", lm_head=False))
+                           _rope_hf_config, requires=(*_ROPE_NEEDS, *_needs)))
+register_family(Family(("bert",), _bert_config, _bert_params, "BertModel", _bert_hf_config, "", lm_head=False,
+                       requires=_BERT_NEEDS))
 
 
 def family_of(model_type: str) -> Family:
@@ -388,6 +408,9 @@ def hf_config_for(model: TransformerLM, model_type: str):
     family = family_of(model_type)
     if family.hf_config is None:
         raise BackendUnsupportedError(f"model_type={model_type!r} is converted one way (into attnkit).", [model_type])
+    wrong = family.mismatches(model.config)
+    if wrong:
+        raise BackendUnsupportedError(f"the model has no exact {model_type} form: {'; '.join(wrong)}.", wrong)
     return family.hf_config(model.config, model_type)
 
 
