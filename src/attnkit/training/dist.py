@@ -102,3 +102,12 @@ def barrier(ctx: DistContext) -> None:
 def shutdown(ctx: DistContext) -> None:
     if ctx.enabled and dist.is_initialized():
         dist.destroy_process_group()
+
+
+def from_rank0(value, ctx: DistContext):
+    """Rank 0's ``value`` on every rank (a picklable object; itself in one process)."""
+    if not ctx.enabled:
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
