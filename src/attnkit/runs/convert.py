@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from attnkit.errors import AttnkitValueError
 from attnkit.runs.folder import RunFolder
 from attnkit.runs.tokens import TOKENIZER_DIR, save_tokenizer
 from attnkit.runs.write import save_checkpoint
@@ -19,7 +20,12 @@ from attnkit.runs.write import save_checkpoint
 
 def convert_folder(path: str | Path, out: str | Path, *, dtype: torch.dtype | None = None, overwrite: bool = False,
                    log=print) -> Path:
-    """Convert the Hugging Face folder ``path`` into the attnkit run folder ``out``; return the checkpoint folder."""
+    """Convert the Hugging Face folder ``path`` into the attnkit run folder ``out``; return the checkpoint folder.
+    A ``path`` without ``config.json`` is refused at once, before transformers is imported."""
+    if not (Path(path) / "config.json").is_file():
+        raise AttnkitValueError(f"--hf {str(path)!r} is not a Hugging Face model folder (" + (
+            "it does not exist" if not Path(path).exists() else "no config.json in it") + "); pass the folder "
+            "from_pretrained loads (config.json and the weights), e.g. one written by save_pretrained.")
     import transformers
 
     from attnkit.integrations.hf.convert import from_hf, source_dropout

@@ -19,16 +19,18 @@ from collections.abc import Callable
 
 
 class Deadline:
-    """``budget_s`` seconds from construction. :meth:`start_loop` marks the first step; :meth:`replan` after each
+    """``budget_s`` seconds from construction, of which ``spent_s`` were already spent (the command's start-up
+    before the trainer was built). :meth:`start_loop` marks the first step; :meth:`replan` after each
     step returns the step count to run; :attr:`changes` lists ``(at_step, old_plan, new_plan)``.
 
     >>> deadline = Deadline(180.0)            # --minutes 3
     >>> deadline.start_loop(0)
     >>> total = deadline.replan(step=1, planned=81, closing_s=4.0)   # after each step"""
 
-    def __init__(self, budget_s: float, clock: Callable[[], float] = time.monotonic, slack: float = 0.05):
+    def __init__(self, budget_s: float, clock: Callable[[], float] = time.monotonic, slack: float = 0.05,
+                 spent_s: float = 0.0):
         self.budget_s, self.clock, self.slack = budget_s, clock, slack
-        self.start = clock()
+        self.start = clock() - spent_s
         self.loop_start, self.loop_step = None, 0
         self.changes: list[tuple[int, int, int]] = []
 

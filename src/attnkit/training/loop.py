@@ -89,10 +89,12 @@ class Trainer:
     """
 
     def __init__(self, config: TrainConfig, *, resume: str | Path | None = None, init_from: str | Path | None = None,
-                 given: set[str] | frozenset[str] = frozenset(), log=print, names=setting, clock=time.monotonic):
+                 given: set[str] | frozenset[str] = frozenset(), log=print, names=setting, clock=time.monotonic,
+                 spent_s: float = 0.0):
         self.ddp, self.folder, self._failed, self.ctx = None, None, False, None
-        # a time budget counts from here (data loading and the probe included); only a new run re-plans
-        self.deadline = (Deadline(config.time_budget, clock) if config.time_budget is not None and resume is None
+        # a time budget counts from here (data loading and the probe included) plus the caller's ``spent_s``;
+        # only a new run re-plans
+        self.deadline = (Deadline(config.time_budget, clock, spent_s=spent_s) if config.time_budget is not None and resume is None
                          else None)
         self.closing_s = {"eval": 0.0, "save": 0.0, "sample": 0.0}  # measured costs of what ends a run
         self.hooks: list = []  # hook(trainer, record) after each step (main process), see train()
@@ -122,6 +124,8 @@ class Trainer:
         self.run_dir = Path(config.run_dir)
         if resume is None and self.ctx.is_main and self.run_dir.is_dir():  # refuse early, before loading data
             RunFolder(self.run_dir, log=self.log).check_fresh(config.overwrite)
+        if model_config is None:  # a new run's model: from the preset
+            self._check_preset_length()
         self.tokenizer = ByteTokenizer()
         self._build_data()
         torch.manual_seed(config.seed)
@@ -194,6 +198,16 @@ class Trainer:
             self._cp_sent = self._cp_counting.enter_context(cp.count_messages())
         self.optimizer = torch.optim.AdamW(param_groups(self.model, config.weight_decay), lr=config.lr,
                                            betas=config.betas, fused=False, foreach=True)
+
+    def _check_preset_length(self) -> None:
+        """A new run's rows fit the preset's positions when they are learned (a table of ``max_seq_len`` rows)."""
+        preset_len = PRESETS[self.config.preset]["max_seq_len"]
+        positions = self.config.model.get("positions", PRESETS[self.config.preset].get("positions", "rope"))
+        if positions == "learned" and (self.config.seq_len or 0) > preset_len:
+            raise AttnkitValueError(
+                f"{self.names('seq_len')} {self.config.seq_len} is longer than the {preset_len} learned positions of the "
+                f"{self.config.preset!r} preset; pass {self.names('seq_len')} {preset_len} or less, or positions "
+                f"that are computed ({self.names('positions')} rope or alibi) for longer rows.")
 
     def _restore(self, where: Path, given) -> None:
         """Continue from checkpoint ``where``: weights, optimizer, RNG, step, precision and schedule."""
@@ -455,12 +469,14 @@ def _describe(config: LMConfig) -> str:
 
 def train(config: TrainConfig, *, resume: str | Path | None = None, init_from: str | Path | None = None,
           given: set[str] | frozenset[str] = frozenset(), log=print, hooks=(), names=setting,
-          clock=time.monotonic) -> TrainResult:
+          clock=time.monotonic, spent_s: float = 0.0) -> TrainResult:
     """Train, resume or fine-tune a run; see :class:`TrainConfig` and :class:`Trainer`. ``hooks``: callables
     ``hook(trainer, record)`` run on the main process after every step, before ``record`` (a dict with ``step``)
     is written to metrics.jsonl (e.g. ``attnkit.diagnostics.monitor.monitor_hook``, which adds the attention
     verdicts). ``names(field)``: how messages name a setting (the CLI passes its flags). ``clock()``: the seconds a
-    ``time_budget`` is measured in (injected by tests)."""
-    trainer = Trainer(config, resume=resume, init_from=init_from, given=given, log=log, names=names, clock=clock)
+    ``time_budget`` is measured in (injected by tests); ``spent_s``: seconds of it already spent before this call
+    (the CLI passes its process's start-up)."""
+    trainer = Trainer(config, resume=resume, init_from=init_from, given=given, log=log, names=names, clock=clock,
+                      spent_s=spent_s)
     trainer.hooks = list(hooks)
     return trainer.run()
