@@ -67,7 +67,7 @@ def replacing(path: str | Path):
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
     try:
-        os.fchmod(fd, 0o644)
+        os.fchmod(fd, mode(folder=False))
         with os.fdopen(fd, "wb") as f:
             yield f
             f.flush()
@@ -96,7 +96,9 @@ def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module, opti
                   "sha256": {name: sha256_file(tmp / name) for name in FILES}}
         (tmp / MANIFEST).write_bytes(manifest_bytes(record))
         for name in (*FILES, MANIFEST):
+            os.chmod(tmp / name, mode(folder=False))  # as the run folder's other files (mkstemp's would be 0600)
             _fsync(tmp / name)
+        os.chmod(tmp, mode(folder=True))  # as the run folder itself (mkdtemp's would be 0700)
         _fsync(tmp)
         if final.exists():  # re-saving the same step (e.g. after a resume): replace it atomically
             shutil.rmtree(final)
@@ -108,6 +110,14 @@ def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module, opti
     for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def mode(*, folder: bool) -> int:
+    """The permission bits of everything a run writes: what a plain ``mkdir`` / ``open`` gives under this process's
+    umask (0755 / 0644 under the usual 022), so a checkpoint is as readable as the run folder it sits in."""
+    mask = os.umask(0)  # read it back: os.umask can only be read by setting it
+    os.umask(mask)
+    return (0o777 if folder else 0o666) & ~mask
 
 
 def _fsync(path: Path) -> None:
