@@ -168,12 +168,12 @@ def test_greedy_generate_matches_sdpa(family):
     assert torch.equal(got, want), f"{family}: greedy tokens differ at {(got != want).nonzero()[:5].tolist()}"
 
 
-@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "gpt2", "gemma2"])
 def test_greedy_generate_with_a_static_cache_matches_sdpa(family):
     """The regression: generate builds the mask once per step through the mask interface and hands it back as
     attention_mask; the interface took it for a 2-D padding mask and crashed."""
     ids, am = _batch("left", batch=2, length=7)
-    ref_model = build(family, "sdpa")
+    ref_model = build(family, baseline(family))
     model = build(family, "attnkit")
     model.load_state_dict(ref_model.state_dict())
     kw = {"max_new_tokens": 12, "do_sample": False, "pad_token_id": 0, "eos_token_id": None,
