@@ -197,20 +197,3 @@ def test_softcap_on_cpu_needs_no_compile_and_explain_gives_the_reason_used():
 def _call(q, k, v, mask, **kwargs):
     from attnkit._validation import build_call
     return build_call(q, k, v, mask, **kwargs)
-
-
-@pytest.mark.parametrize("declares", [False, True])
-def test_while_compiling_auto_ranks_only_traceable_backends(toy, monkeypatch, declares):
-    """Issue 24: under torch.compile, auto sent Gemma 2's softcap calls to blocksparse, which dynamo can't trace
-    (a graph break in a fullgraph model). A backend takes part while compiling only if it declares
-    ``traceable = True``; eager ranking is unchanged."""
-    from attnkit.backends.registry import ranking
-
-    q7, k7, v7 = (torch.randn(1, 2, 16, 7) for _ in range(3))
-    call = _call(q7, k7, v7, M.causal())
-    if declares:
-        monkeypatch.setattr(toy, "traceable", True, raising=False)
-    assert ranking(call)[0][0] == "toy"
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    names = [name for name, _ in ranking(call)]
-    assert names[0] == ("toy" if declares else "sdpa") and "blocksparse" not in names, names

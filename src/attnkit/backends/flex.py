@@ -59,7 +59,6 @@ def _compiled():
 
 class FlexBackend:
     name = "flex"
-    traceable = True  # torch.compile traces it whole (registry.ranking prefers it while compiling)
 
     def available(self) -> list[str]:
         return [] if _flex_module() is not None else ["this torch has no torch.nn.attention.flex_attention"]

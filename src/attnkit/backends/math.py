@@ -10,7 +10,6 @@ from attnkit.functional.reference import reference_from_call
 class MathBackend:
     name = "math"
     serves_sinks = True  # the reference adds the sink column to the softmax
-    traceable = True  # torch.compile traces it whole (registry.ranking prefers it while compiling)
 
     def available(self) -> list[str]:
         return []

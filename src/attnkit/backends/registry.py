@@ -11,8 +11,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import torch
-
 from attnkit._validation import AttentionCall
 from attnkit.backends.base import Backend, Rank
 from attnkit.backends.blocksparse import BlockSparseBackend
@@ -66,19 +64,9 @@ def reasons_against(backend: Backend, call: AttentionCall) -> list[str]:
     return why
 
 
-def traceable(backend: Backend) -> bool:
-    """Whether torch.compile traces ``backend`` without a graph break (opt-in: ``traceable = True``)."""
-    return bool(getattr(backend, "traceable", False))
-
-
 def ranking(call: AttentionCall) -> list[tuple[str, Rank]]:
-    """The backends that can serve ``call``, best first: ``(name, Rank)``. While torch.compile traces the call,
-    only backends that declare ``traceable = True`` take part (when one can serve it): a graph break would
-    split a ``fullgraph`` model, and an untraceable backend's compiled form may not build."""
-    backends = [(name, b) for name, b in _REGISTRY.items() if not reasons_against(b, call)]
-    if torch.compiler.is_compiling() and any(traceable(b) for _, b in backends):
-        backends = [(name, b) for name, b in backends if traceable(b)]
-    capable = [(name, b.rank(call)) for name, b in backends]
+    """The backends that can serve ``call``, best first: ``(name, Rank)``."""
+    capable = [(name, b.rank(call)) for name, b in _REGISTRY.items() if not reasons_against(b, call)]
     return sorted(capable, key=lambda item: -item[1].score)  # stable: ties keep registration order
 
 

@@ -23,7 +23,6 @@ from attnkit.masks import Causal
 
 class SDPABackend:
     name = "sdpa"
-    traceable = True  # torch.compile traces it whole (registry.ranking prefers it while compiling)
 
     def available(self) -> list[str]:
         return [] if hasattr(F, "scaled_dot_product_attention") else ["torch lacks scaled_dot_product_attention"]
