@@ -152,13 +152,15 @@ def test_transformer_lm_left_padded_batch_generates_each_row_alone(kind, window,
     assert generate(lm, prompts, max_new_tokens=5, cache=kind) == wants
 
 
-def test_transformer_lm_compiled_decoding_equals_eager_without_recompiles():
-    """generate(compile=True): the decode steps of a TransformerLM over a static cache run as one fullgraph
-    compiled graph, reused by every step and by a second call (any recompile is an error); tokens equal eager."""
+@pytest.mark.parametrize("positions", ["rope", "learned"])
+def test_transformer_lm_compiled_decoding_equals_eager_without_recompiles(positions):
+    """generate(compile=True): the decode steps of a TransformerLM over a static cache run compiled, the graphs
+    reused by every step and by a second call (any recompile is an error); tokens equal eager."""
     from attnkit.models.lm import LMConfig, TransformerLM
 
     torch.manual_seed(0)
-    lm = TransformerLM(LMConfig(vocab_size=41, dim=32, n_layers=2, n_heads=4, n_kv_heads=2)).eval()
+    lm = TransformerLM(LMConfig(vocab_size=41, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, positions=positions,
+                                max_seq_len=32)).eval()
     prompts = [[3, 1, 4, 1, 5], [9, 2, 6, 5, 3]]
     want = generate(lm, prompts, max_new_tokens=7, cache="static")
     torch.compiler.reset()

@@ -192,8 +192,7 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int = 6
         stop_tokens: a row stops after producing one of these (the stop token is included in its output).
         cache: KV-cache kind for ``model.new_cache``.
         on_token: called as ``on_token(row, token)`` for every token as soon as it is produced.
-        compile: run the decode steps through ``torch.compile`` (``fullgraph=True``, static shapes; the prefill
-            runs eager). Needs ``cache="static"`` and prompts of one length: then every step, and every later
+        compile: run the decode steps through ``torch.compile`` (static shapes; the prefill runs eager). Needs ``cache="static"`` and prompts of one length: then every step, and every later
             call on the same model, reuses one compiled graph. The first call compiles (seconds to minutes).
     """
     out: list[list[int]] = [[] for _ in range(len(prompts) if isinstance(prompts, (list, tuple)) else 0)]
@@ -215,10 +214,12 @@ _COMPILED: list = []  # [the compiled _decode_step], built on first use (nothing
 
 
 def _compiled_decode_step(model, tokens, positions, caches, key_is_real) -> torch.Tensor:
-    """:func:`_decode_step` through one ``torch.compile`` (fullgraph, static shapes) shared by every call: dynamo
-    guards on the model and the shapes, so a model's steps over a static cache reuse one graph."""
+    """:func:`_decode_step` through one ``torch.compile`` (static shapes) shared by every call: dynamo guards on
+    the model and the shapes, so a model's steps over a static cache reuse the same graphs. Not ``fullgraph``:
+    a model may read a value on the host (learned positions check their range), which splits the step in two
+    graphs rather than failing."""
     if not _COMPILED:
-        _COMPILED.append(torch.compile(_decode_step, fullgraph=True, dynamic=False))
+        _COMPILED.append(torch.compile(_decode_step, dynamic=False))
     return _COMPILED[0](model, tokens, positions, caches, key_is_real)
 
 

@@ -43,7 +43,8 @@ class Learned(nn.Module):
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
         check_position_ids(positions)
-        if positions.numel():
+        if positions.numel() and not torch.compiler.is_compiling():  # host reads: a compiled decode step would
+            # specialise on each step's values and compile again every step (callers check lengths up front)
             low, high = int(positions.min()), int(positions.max())
             if low < 0:
                 raise AttnkitValueError(f"positions must be >= 0, got value {low}; learned positions are absolute "
