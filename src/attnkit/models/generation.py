@@ -192,8 +192,9 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int = 6
         stop_tokens: a row stops after producing one of these (the stop token is included in its output).
         cache: KV-cache kind for ``model.new_cache``.
         on_token: called as ``on_token(row, token)`` for every token as soon as it is produced.
-        compile: run the decode steps through ``torch.compile`` (static shapes; the prefill runs eager). Needs ``cache="static"`` and prompts of one length: then every step, and every later
-            call on the same model, reuses one compiled graph. The first call compiles (seconds to minutes).
+        compile: run the decode steps through ``torch.compile`` (static shapes; the prefill runs eager). Needs
+            ``cache="static"`` and prompts of one length: then every step, and every later call on the same
+            model, reuses the compiled graphs. The first call compiles (seconds to minutes).
     """
     out: list[list[int]] = [[] for _ in range(len(prompts) if isinstance(prompts, (list, tuple)) else 0)]
     for row, token in stream_generate(model, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
