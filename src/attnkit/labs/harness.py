@@ -31,8 +31,8 @@ from torch import nn
 from attnkit._progress import progress
 from attnkit.models.builders import build_lm
 from attnkit.training.data import ByteTokenizer, stdlib_files
-from attnkit.training.loop import param_groups
 from attnkit.training.schedule import lr_at
+from attnkit.training.steps import param_groups
 
 IGNORE = -100
 #: what progress lines call the work in hand (``run_lab`` sets ``lab NAME``)
