@@ -64,16 +64,12 @@ def repository_files() -> set[Path]:
     return found
 
 
-@pytest.fixture(scope="module")
-def files_before():
-    return repository_files()
-
-
 @pytest.mark.parametrize("block", BLOCKS, ids=[b.name for b in BLOCKS])
-def test_block_runs_alone(block, tmp_path, monkeypatch, files_before):
+def test_block_runs_alone(block, tmp_path, monkeypatch):
     if block.marker and block.marker.startswith("skip:"):
         pytest.skip(f"{block.name} (line {block.line}): {block.marker[5:].strip()}")
     monkeypatch.chdir(tmp_path)  # blocks that write files write them here
+    files_before = repository_files()  # just before: the window another test worker could write in stays small
     namespace: dict = {"__name__": "__docs__"}
     for b in chain(block):
         exec(compile("\n" * b.line + b.code, str(b.path), "exec"), namespace)  # tracebacks point at the .md line

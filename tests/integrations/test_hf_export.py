@@ -12,8 +12,8 @@ from hf_tiny import VOCAB, build, tf
 from attnkit.cli.main import main
 from attnkit.integrations.hf.convert import from_hf
 from attnkit.models.builders import build_lm
-from attnkit.models.io import load_model
-from attnkit.training.checkpoint import save_checkpoint
+from attnkit.runs import load_model
+from attnkit.runs.write import save_checkpoint
 from oracle import assert_within_rule
 
 FAMILIES = ["gpt2", "llama", "mistral", "qwen2", "bert"]

@@ -90,15 +90,14 @@ def pick_family(model, state: dict, family: str | None) -> str:
 def export_run(run_path: str | Path, out: str | Path, *, family: str | None = None,
                overwrite: bool = False) -> tuple[Path, str, float]:
     """Write the run at ``run_path`` as a Hugging Face folder ``out``; returns ``(out, family, max |logit diff|)``."""
-    from attnkit.models.io import is_checkpoint_or_run
+    from attnkit.runs.read import is_checkpoint_or_run
 
     if not Path(run_path).exists() or not is_checkpoint_or_run(run_path):
         raise AttnkitValueError(f"RUN {str(run_path)!r} is not a run or checkpoint folder; pass a "
                                 "folder `attnkit train --run-dir` or `attnkit convert --out` wrote.")
     out = check_out(out, overwrite)
     from attnkit.integrations.hf.convert import to_hf
-    from attnkit.integrations.runs import run_tokenizer
-    from attnkit.models.io import load_model, read_state, resolve
+    from attnkit.runs import load_model, read_state, resolve, run_tokenizer
 
     model = load_model(run_path)
     family = pick_family(model, read_state(resolve(run_path)), family)
