@@ -57,4 +57,4 @@ def test_convert_of_a_missing_folder_answers_before_importing_transformers(tmp_p
     assert "--hf 'missing' is not a Hugging Face model folder" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
     assert main(["convert", "--hf", "empty", "--out", "out"]) == 2
-    assert "(no config.json in it)" in capsys.readouterr().err
+    assert "(no config.json)" in capsys.readouterr().err

@@ -217,3 +217,11 @@ def test_unreadable_weights_are_typed_errors_and_a_pickle_never_runs(hf_folder, 
         assert "a pickle that holds more than plain tensors (Trying to load unsupported GLOBAL posix.system" in \
             capsys.readouterr().err
     assert not marker.exists()
+
+
+def test_convert_says_each_phase(hf_folder, tmp_path, capsys):
+    folder, _, _ = hf_folder
+    assert main(["convert", "--hf", str(folder), "--out", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"convert: loading {folder} with transformers"
+    assert out[1].startswith("convert: llama -> attnkit, ") and out[1].endswith(f"parameters; writing {tmp_path / 'run'}")

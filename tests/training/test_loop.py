@@ -185,3 +185,13 @@ def test_fresh_run_refuses_a_folder_with_checkpoints_unless_overwrite(tmp_path):
         train(small_config(tmp_path, steps=4), **quiet)
     train(small_config(tmp_path, steps=4, ckpt_every=2, overwrite=True), **quiet)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000002", "step_00000004"]
+
+
+def test_overfit_check_shows_progress_lines_on_a_non_terminal(tmp_path, capsys, monkeypatch):
+    """issue 23 item 2: the step progress is plain lines where stderr is not a terminal (tqdm's carriage returns
+    elsewhere), named after what runs, with the loss."""
+    monkeypatch.delenv("ATTNKIT_PROGRESS", raising=False)
+    args = [a for a in cli_args(tmp_path, "--overfit", "--steps", "4") if a != "--no-progress"]
+    main(args)
+    err = capsys.readouterr().err
+    assert "overfit check: 1/4 steps, loss=" in err and "overfit check: 4/4 steps, loss=" in err and "\r" not in err

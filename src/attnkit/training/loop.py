@@ -380,7 +380,8 @@ class Trainer:
         """The step loop: optimizer steps to ``total_steps``, with metrics, hooks, validation and checkpoints;
         returns the last ``(train loss, validation loss)``."""
         c = self.config
-        bar = progress_bar(c.progress and self.ctx.is_main, self.total_steps, self.step)
+        bar = progress_bar(c.progress and self.ctx.is_main, self.total_steps, self.step,
+                           "overfit check" if c.overfit else "train")
         self.model.train()  # (the loop reads self.ddp each time: no local may keep DDP alive, see close())
         loss_value, val_loss, start, tokens_done = float("nan"), None, time.perf_counter(), 0
         if self.deadline is not None:
@@ -405,9 +406,9 @@ class Trainer:
                     hook(self, entry)
                 self.metrics.write(entry)
             if bar is not None:
-                bar.update(1)
                 bar.set_postfix(loss=f"{loss_value:.3f}", tok_s=f"{entry['tok_per_s']:,.0f}",
                                 **({"val": f"{val_loss:.3f}"} if val_loss is not None else {}))
+                bar.update(1)
             if self.step % c.ckpt_every == 0 or self.step == self.total_steps:
                 with self._timed("save"):
                     self.save()
