@@ -50,26 +50,37 @@ def hf_tiny(name: str):
     return getattr(tf, model_cls)(getattr(tf, config_cls)(**kwargs)).eval()
 
 
-def load_hf_folder(path: Path, *, encoder: bool = False):
-    """``(model, fresh)`` for a Hugging Face folder, never running its code: ``trust_remote_code=False`` and
-    a config with ``auto_map`` (custom modelling code in the folder) is refused with :class:`RemoteCodeRefused`."""
+def hf_class(tf, config, *, encoder: bool = False):
+    """The class that holds the folder's weights: the first of ``config.architectures`` that transformers has
+    (MiniLM: ``BertModel``, never a head the folder lacks), else the Auto class of the model type."""
     from attnkit.diagnostics.subjects import HF_ENCODER_TYPES
 
+    for name in getattr(config, "architectures", None) or ():
+        if isinstance(name, str) and isinstance(getattr(tf, name, None), type):
+            return getattr(tf, name)
+    return tf.AutoModelForMaskedLM if encoder or config.model_type in HF_ENCODER_TYPES else tf.AutoModelForCausalLM
+
+
+def load_hf_folder(path: Path, *, encoder: bool = False):
+    """``(model, fresh)`` for a Hugging Face folder, never running its code: ``trust_remote_code=False`` and
+    a config with ``auto_map`` (custom modelling code in the folder) is refused with :class:`RemoteCodeRefused`.
+    With weight files the model is the class that holds them (:func:`hf_class`) and ``fresh`` is False (loaded
+    weights); a config alone gives new weights (``fresh`` True)."""
     read_config(path)  # refuses auto_map (custom code) before transformers sees the folder
     tf = _transformers()
     config = tf.AutoConfig.from_pretrained(path, trust_remote_code=False, local_files_only=True)
-    auto = tf.AutoModelForMaskedLM if encoder or config.model_type in HF_ENCODER_TYPES else tf.AutoModelForCausalLM
+    auto = hf_class(tf, config, encoder=encoder)
     if any(path.glob("*.safetensors")) or any(path.glob("*.bin")):
         from attnkit.integrations.hf.folders import load_pretrained
 
-        # an encoder's masked-LM head may be absent (a sentence-embedding checkpoint): only attention is examined
-        return load_pretrained(auto, path, optional=("cls.", "pooler.")), None
-    return auto.from_config(config, trust_remote_code=False).eval(), True
+        return load_pretrained(auto, path, optional=("pooler.",)), False
+    model = auto.from_config(config, trust_remote_code=False) if hasattr(auto, "from_config") else auto(config)
+    return model.eval(), True
 
 
 def load_target(target: str, *, encoder: bool = False):
     """``(model, fresh)`` for a target string (see the module table); ``fresh`` is True for new weights,
-    False for a trained checkpoint, None when unknown. An attnkit run folder is recognised before a Hugging Face
+    False for loaded ones (a run, a checkpoint, a Hugging Face folder with weights). An attnkit run folder is recognised before a Hugging Face
     folder (the trainer writes a ``config.json`` too)."""
     from attnkit.models.builders import PRESETS, build_encoder, build_lm
 
