@@ -70,9 +70,8 @@ def run(args) -> int:
     loaded = time.perf_counter()
     doctor, doctor_s = False, 0.0
     if not args.no_doctor:
-        from attnkit.diagnostics.doctor import examine
-
         from attnkit.cli.doctor import progress_printer
+        from attnkit.diagnostics.doctor import examine
 
         doctor = examine(model, fresh=fresh, name=title, loaded_from=args.target if fresh is False else None,
                          text=ids if args.text else None, text_note=f"the report's text, {ids.shape[1]} tokens",

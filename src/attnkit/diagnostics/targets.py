@@ -80,8 +80,8 @@ def load_hf_folder(path: Path, *, encoder: bool = False):
 
 def load_target(target: str, *, encoder: bool = False):
     """``(model, fresh)`` for a target string (see the module table); ``fresh`` is True for new weights,
-    False for loaded ones (a run, a checkpoint, a Hugging Face folder with weights). An attnkit run folder is recognised before a Hugging Face
-    folder (the trainer writes a ``config.json`` too)."""
+    False for loaded ones (a run, a checkpoint, a Hugging Face folder with weights). An attnkit run folder is
+    recognised before a Hugging Face folder (the trainer writes a ``config.json`` too)."""
     from attnkit.models.builders import PRESETS, build_encoder, build_lm
 
     if target in PRESETS:
