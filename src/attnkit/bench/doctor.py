@@ -127,8 +127,8 @@ def run(args) -> int:
             runs, base_runs = [], []
             for _ in range(args.repeats):
                 runs.append(run_once(argv, current_src))
-                if case in baseline_cases:
-                    base_runs.append(run_once(argv, baseline_src))
+                if case in baseline_cases:  # without -q: older CLIs lack it (and printed no progress)
+                    base_runs.append(run_once([a for a in argv if a != "-q"], baseline_src))
             wall = statistics.median(r["wall_s"] for r in runs)
             entry = {"command": "attnkit " + " ".join(a if " " not in a else repr(a) for a in argv),
                      "target_s": TARGETS[case], "wall_s": wall, "cpu_s": statistics.median(r["cpu_s"] for r in runs),
