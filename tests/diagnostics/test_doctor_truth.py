@@ -77,6 +77,10 @@ def test_loaded_weights_skip_the_initialisation_checks_with_the_reason(tmp_path,
     assert result.status == "SKIP" and "the weights were loaded (from_pretrained)" in result.evidence
     fresh = ak.doctor.examine(_gpt2(transformers), checks=["init"])["init"]
     assert fresh.status == "PASS", fresh.evidence
+    # new weights from a loaded config (the way to train from scratch) are fresh, though the config names the folder
+    config = transformers.AutoConfig.from_pretrained(tmp_path / "hf")
+    scratch = ak.doctor.examine(transformers.AutoModelForCausalLM.from_config(config), checks=["init"])["init"]
+    assert scratch.status == "PASS", scratch.evidence
 
 
 def test_progress_lines_go_to_stderr_and_quiet_silences_them(capsys):

@@ -258,7 +258,9 @@ def hf_subject(model: nn.Module, name: str | None = None, causal: bool | None = 
 
     adapter = TokenAdapter(forward, config.vocab_size, causal=causal, new_cache=new_cache if causal else None,
                            outputs_logits=head is not None, infers_cache_positions=True, hidden=hidden, head=head)
-    loaded = bool(getattr(config, "_name_or_path", ""))  # from_pretrained records the folder; from_config does not
+    # transformers (>= 5) marks a model whose weights from_pretrained loaded; the config's name_or_path would not do:
+    # from_config(AutoConfig.from_pretrained(...)) keeps it with fresh weights. Older versions: unknown (False).
+    loaded = hasattr(model, "_weight_conversions")
     return Subject(name or type(model).__name__, "huggingface", lm=adapter, module=model,
                    rebuild=lambda m: hf_subject(m, name, causal), loaded=loaded)
 
