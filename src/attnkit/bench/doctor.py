@@ -112,6 +112,7 @@ def run_once(argv: list[str], src: Path | None) -> dict:
 def export_src(rev: str, where: Path) -> Path:
     """attnkit's ``src/`` at git revision ``rev``, exported into ``where``."""
     archive = subprocess.run(["git", "archive", rev, "src"], check=True, capture_output=True).stdout
+    where.mkdir(parents=True, exist_ok=True)
     subprocess.run(["tar", "-x", "-C", str(where)], input=archive, check=True)
     return where / "src"
 
