@@ -106,3 +106,19 @@ def test_minilm_loads_as_bert_model_and_its_report_names_it(tmp_path, capsys):
     assert "BertModel: 6 layers x 12 heads" in page and "BertForMaskedLM" not in page
     assert f"the weights were loaded from {folder}" in page  # init checks SKIP, saying why
     assert "measured on the report&#x27;s text" in page
+
+
+def test_a_model_already_in_the_checks_dtype_is_used_as_is_and_left_as_found():
+    transformers = pytest.importorskip("transformers")
+    model = _gpt2(transformers).eval()
+    implementation = model.config._attn_implementation
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    subject = ak.diagnostics.make_subject(model)
+    assert subject.cast(torch.float32) is subject  # no copy of a float32 model in eval mode
+    copy64 = subject.cast(torch.float64).module
+    assert copy64 is not model and copy64.lm_head.weight is copy64.transformer.wte.weight  # ties kept in the copy
+    report = ak.doctor.examine(model, fresh=True)
+    assert report.ok, str(report)
+    assert model.config._attn_implementation == implementation and not model.training
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert all(p.grad is None for p in model.parameters())

@@ -351,11 +351,11 @@ def backend_agreement(subject, options) -> Outcome:
     elif subject.kind == "huggingface":
         s64, s32 = subject.cast(torch.float64), subject.cast(torch.float32)
         inputs = sample_inputs(s32, options)
+        originals = [(m, m.config._attn_implementation) for m in (s64.module, s32.module)]  # either may be yours
         with torch.no_grad():
-            s64.module.set_attn_implementation("eager")
-            golden = run_main(s64, inputs).double()
-            original = s32.module.config._attn_implementation
             try:
+                s64.module.set_attn_implementation("eager")
+                golden = run_main(s64, inputs).double()
                 s32.module.set_attn_implementation("eager")
                 ref = run_main(s32, inputs)
                 for name in _hf_implementations():
@@ -363,7 +363,8 @@ def backend_agreement(subject, options) -> Outcome:
                     ok, err, ref_err = _rule(run_main(s32, inputs), ref, golden)
                     results[name] = {"served": True, "ok": ok, "err": err, "ref_err": ref_err}
             finally:
-                s32.module.set_attn_implementation(original)
+                for module, original in originals:
+                    module.set_attn_implementation(original)
         what = "Hugging Face attention implementations vs float64 eager"
     elif subject.fn is not None and subject.kind == "function":
         g = gen(options, 11)
