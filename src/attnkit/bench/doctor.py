@@ -123,6 +123,8 @@ def run(args) -> int:
     with tempfile.TemporaryDirectory(prefix="attnkit_bench_doctor_") as tmp:
         work = Path(tmp)
         baseline_src = export_src(args.baseline, work / "baseline") if args.baseline else None
+        baseline = None if not args.baseline else subprocess.run(
+            ["git", "rev-parse", "--short", args.baseline], check=True, capture_output=True, text=True).stdout.strip()
         baseline_cases = set(args.baseline_cases or args.cases) if baseline_src else set()
         for case, argv in commands(args.cases, work).items():
             runs, base_runs = [], []
@@ -136,7 +138,7 @@ def run(args) -> int:
                      "meets_target": wall <= TARGETS[case], "runs": runs}
             if base_runs:
                 base_wall = statistics.median(r["wall_s"] for r in base_runs)
-                entry.update(baseline=args.baseline, baseline_wall_s=base_wall,
+                entry.update(baseline=f"{args.baseline} ({baseline})", baseline_wall_s=base_wall,
                              baseline_cpu_s=statistics.median(r["cpu_s"] for r in base_runs),
                              speedup=base_wall / wall, baseline_runs=base_runs)
             results[case] = entry
