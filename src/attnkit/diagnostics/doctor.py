@@ -30,6 +30,9 @@ from attnkit.diagnostics.checks import FAIL, INFO, PASS, REGISTRY, SKIP, WARN, O
 from attnkit.diagnostics.subjects import TokenAdapter, make_subject
 from attnkit.errors import AttnkitValueError
 
+#: what the checks run on, unless a check's evidence says otherwise (attention-health on the user's text)
+PROBES = "seeded random probes (2 x 8 tokens or inputs; float64 where outputs are compared) unless a line says otherwise"
+
 
 @dataclass
 class CheckResult:
@@ -71,7 +74,7 @@ class Report:
 
     def __str__(self) -> str:
         width = max(len(r.name) for r in self.results) if self.results else 10
-        lines = [f"attnkit doctor: {self.subject} ({self.kind})", ""]
+        lines = [f"attnkit doctor: {self.subject} ({self.kind})", f"inputs: {PROBES}", ""]
         for r in self.results:
             lines.append(f"{r.status:<5} {r.name:<{width}}  {r.evidence}")
             if r.status == FAIL and r.fix:
@@ -82,7 +85,7 @@ class Report:
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
-        return {"subject": self.subject, "kind": self.kind, "ok": self.ok, "counts": self.counts(),
+        return {"subject": self.subject, "kind": self.kind, "inputs": PROBES, "ok": self.ok, "counts": self.counts(),
                 "checks": [_jsonable(asdict(r)) for r in self.results]}
 
     def to_json(self, indent: int | None = 2) -> str:
