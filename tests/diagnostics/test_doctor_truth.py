@@ -122,3 +122,56 @@ def test_a_model_already_in_the_checks_dtype_is_used_as_is_and_left_as_found():
     assert model.config._attn_implementation == implementation and not model.training
     assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
     assert all(p.grad is None for p in model.parameters())
+
+
+def _hf_with_attention(name, fn):
+    """hf-llama-tiny whose attention is ``fn(q, k, v, allowed)`` (q, k, v (B, H, L, D), allowed bool or None)."""
+    pytest.importorskip("transformers")
+    from transformers import AttentionInterface
+
+    from attnkit.diagnostics.targets import load_target
+
+    def attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
+        G = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(G, 1), value.repeat_interleave(G, 1)  # (B, H, L, D)
+        allowed = None if attention_mask is None else attention_mask if attention_mask.dtype == torch.bool \
+            else attention_mask == 0  # transformers passes a float mask: 0 = may attend
+        out = fn(query * scaling, key, value, allowed)  # (B, H, L, D)
+        return out.transpose(1, 2).contiguous(), None
+
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    AttentionInterface.register(name, attention)
+    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])  # a bool mask, True = may attend
+    model, _ = load_target("hf-llama-tiny")
+    model.set_attn_implementation(name)
+    return model
+
+
+def test_the_hidden_state_path_still_catches_model_bugs():
+    """Leak and low-precision checks read the hidden states of head models: a bug inside still fails them."""
+
+    def no_causal_mask(q, k, v, allowed):
+        return (q @ k.transpose(-2, -1)).softmax(-1) @ v
+
+    def minus_1e9(q, k, v, allowed):
+        scores = q @ k.transpose(-2, -1)
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed, -1e9)
+        return scores.softmax(-1) @ v
+
+    leaky = ak.doctor.examine(_hf_with_attention("doctor_test_leaky", no_causal_mask), checks=["causal-leak"],
+                              fresh=True)["causal-leak"]
+    assert leaky.status == "FAIL" and "future tokens leak into earlier hidden states" in leaky.evidence
+    def nan_rows(q, k, v, allowed):
+        scores = q @ k.transpose(-2, -1)
+        if allowed is not None:
+            scores = scores.masked_fill(~allowed, float("-inf"))  # a fully masked row: softmax of -inf = NaN
+        return scores.softmax(-1) @ v
+
+    nan = ak.doctor.examine(_hf_with_attention("doctor_test_nan", nan_rows), checks=["low-precision"],
+                            fresh=True)["low-precision"]
+    assert nan.status == "FAIL" and "fully masked rows break float32" in nan.evidence, nan.evidence
+    overflow = ak.doctor.examine(_hf_with_attention("doctor_test_1e9", minus_1e9), checks=["low-precision"],
+                                 fresh=True)["low-precision"]
+    assert overflow.status == "FAIL" and "float16" in overflow.evidence, overflow.evidence

@@ -248,16 +248,19 @@ def hf_subject(model: nn.Module, name: str | None = None, causal: bool | None = 
 
         return DynamicCache(config=config)
 
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     base = getattr(model, "base_model", model)
     hidden = None
-    if head is not None and base is not model:  # the head model's trunk: the hidden states its head reads
+    # the head applied to a few positions: only a head that is the output Linear itself, a direct child (GPT-2,
+    # Llama: lm_head); BERT's masked-LM head has a transform before it, so it is not run piecemeal
+    head = out if any(child is out for child in model.children()) else None
+    if out is not None and base is not model:  # the head model's trunk: the hidden states its head reads
 
         def hidden(tokens, **kw):
             return call(base, tokens, **kw)
 
     adapter = TokenAdapter(forward, config.vocab_size, causal=causal, new_cache=new_cache if causal else None,
-                           outputs_logits=head is not None, infers_cache_positions=True, hidden=hidden, head=head)
+                           outputs_logits=out is not None, infers_cache_positions=True, hidden=hidden, head=head)
     # transformers (>= 5) marks a model whose weights from_pretrained loaded; the config's name_or_path would not do:
     # from_config(AutoConfig.from_pretrained(...)) keeps it with fresh weights. Older versions: unknown (False).
     loaded = hasattr(model, "_weight_conversions")

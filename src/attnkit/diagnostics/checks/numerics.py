@@ -247,6 +247,8 @@ def _unsupported_kernel(exc: Exception) -> bool:
 def low_precision(subject, options) -> Outcome:
     if subject.seq is not None or subject.lm is not None:
         run, where = (lambda dt: _finite_model(subject, options, dt)), "model"
+        if subject.lm is not None and subject.lm.hidden is not None:  # what _finite_model reads
+            where += " (hidden states" + (", the LM head at a few positions)" if subject.lm.head is not None else ")")
     elif subject.fn is not None:
         run, where = (lambda dt: _finite_fn(subject.fn, options, dt)), "function"
     else:
@@ -255,7 +257,7 @@ def low_precision(subject, options) -> Outcome:
     skipped: list[str] = []
     for dtype in DTYPES:
         name = str(dtype).replace("torch.", "")
-        if where == "model" and subject.rebuild is None and dtype != torch.float32:
+        if where.startswith("model") and subject.rebuild is None and dtype != torch.float32:
             skipped.append(name)  # an adapter subject can't be copied into another dtype
             continue
         try:
