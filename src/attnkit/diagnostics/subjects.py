@@ -114,7 +114,7 @@ def cast_copy(module: nn.Module, dtype: torch.dtype) -> nn.Module:
     for b in module.buffers():
         if id(b) not in memo:
             memo[id(b)] = b.to(dtype, copy=True) if b.is_floating_point() else b.clone()
-    return copy.deepcopy(module, memo)
+    return copy.deepcopy(module, memo).to(dtype)  # tensors already converted: .to only updates what the class tracks
 
 
 def attnkit_attention_modules(module: nn.Module) -> list[tuple[str, nn.Module]]:
