@@ -175,3 +175,15 @@ def test_the_hidden_state_path_still_catches_model_bugs():
     overflow = ak.doctor.examine(_hf_with_attention("doctor_test_1e9", minus_1e9), checks=["low-precision"],
                                  fresh=True)["low-precision"]
     assert overflow.status == "FAIL" and "float16" in overflow.evidence, overflow.evidence
+
+
+def test_the_doctor_of_an_attnkit_model_does_not_import_transformers():
+    """Importing transformers costs seconds: the doctor of a preset must not pay for it."""
+    import subprocess
+    import sys
+
+    code = ("import sys, torch; from attnkit.runs import open_source; from attnkit.diagnostics.doctor import examine; "
+            "examine(open_source('nano').model, checks=['causal-leak', 'attention-health']); "
+            "print('transformers' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "False", done.stderr[-500:]

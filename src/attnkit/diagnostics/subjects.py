@@ -28,7 +28,6 @@ import torch
 from torch import nn
 
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
-from attnkit.integrations.hf.folders import HF_ENCODER_TYPES  # noqa: F401  (re-exported: the report reads it here)
 
 
 @dataclass
@@ -222,6 +221,8 @@ def hf_subject(model: nn.Module, name: str | None = None, causal: bool | None = 
     """A Hugging Face ``PreTrainedModel`` (causal LM, or encoder such as BERT)."""
     config = model.config
     if causal is None:
+        from attnkit.integrations.hf.folders import HF_ENCODER_TYPES
+
         causal = bool(getattr(config, "is_decoder", False)) or config.model_type not in HF_ENCODER_TYPES
     params = inspect.signature(model.forward).parameters
     cache_kw = "cache" if "cache" in params else "past_key_values"
@@ -305,3 +306,11 @@ def make_subject(subject: object, *, embed_dim: int | None = None, adapter: Toke
 def with_lm(subject: Subject, **changes) -> Subject:
     """A copy of ``subject`` whose token adapter has ``changes`` (used by tests and callers to disable parts)."""
     return replace(subject, lm=replace(subject.lm, **changes))
+
+
+def __getattr__(name: str):
+    if name == "HF_ENCODER_TYPES":  # re-exported on use only: importing it imports transformers (seconds)
+        from attnkit.integrations.hf.folders import HF_ENCODER_TYPES
+
+        return HF_ENCODER_TYPES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
