@@ -83,13 +83,16 @@ def test_loaded_weights_skip_the_initialisation_checks_with_the_reason(tmp_path,
     assert scratch.status == "PASS", scratch.evidence
 
 
-def test_progress_lines_go_to_stderr_and_quiet_silences_them(capsys):
+def test_progress_lines_go_to_stderr_and_quiet_silences_them(capsys, monkeypatch):
     assert main(["doctor", "nano", "--json", "--checks", "causal-leak", "scale"]) == 0
     captured = capsys.readouterr()
     assert json.loads(captured.out)["ok"]
     lines = captured.err.strip().splitlines()
     assert len(lines) == 2 and lines[0].startswith("PASS  causal-leak") and " s  (total " in lines[1]
     assert main(["doctor", "nano", "--json", "-q", "--checks", "causal-leak"]) == 0
+    assert capsys.readouterr().err == ""
+    monkeypatch.setenv("ATTNKIT_PROGRESS", "0")  # the project-wide switch
+    assert main(["doctor", "nano", "--json", "--checks", "causal-leak"]) == 0
     assert capsys.readouterr().err == ""
 
 

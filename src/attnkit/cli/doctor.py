@@ -28,12 +28,17 @@ def add_parser(sub) -> None:
 
 def progress_printer(stream=None):
     """``progress(name, result)`` for ``examine``: one line per check on ``stream`` (stderr). On a terminal the
-    line of the running check is overwritten by its result; elsewhere (a pipe, CI) only results are written."""
+    line of the running check is overwritten by its result; elsewhere (a pipe, CI) only results are written.
+    None (no progress) with ``ATTNKIT_PROGRESS=0``, as everywhere in attnkit (:mod:`attnkit._progress`)."""
     import sys
     import time
 
+    from attnkit._progress import _mode
+
     stream = stream or sys.stderr
-    tty = stream.isatty()
+    if _mode(stream) == "off":
+        return None
+    tty = stream.isatty() and _mode(stream) != "plain"
     start = time.perf_counter()
 
     def progress(name, result) -> None:
