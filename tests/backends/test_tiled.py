@@ -243,15 +243,14 @@ def test_workspaces_stay_under_the_chunk_budget(monkeypatch, workspace_sizes):
 
 
 def test_queries_before_every_key_see_nothing():
-    """With Lq > Lk the defaults would put queries at negative positions: refused (issue 16 item 4); the same
-    queries placed there explicitly sit before every key and give zero rows."""
+    """With Lq > Lk the defaults put the first Lq - Lk queries before every key (bottom-right, issue 21 item 11),
+    exactly as explicit negative positions do: zero rows."""
     q, k, v = _qkv(1, 2, 2, 300, 200, 8)
-    with pytest.raises(ak.errors.AttnkitValueError, match="q_positions length 300 exceeds kv_positions length 200"):
-        ak.attention(q, k, v, M.causal(), bias=ak.positions.ALiBi(2), backend="blocksparse")
     pos = {"q_positions": torch.arange(-100, 200), "kv_positions": torch.arange(200)}
-    _check(q, k, v, M.causal(), bias=ak.positions.ALiBi(2), **pos)
-    out = ak.attention(q, k, v, M.causal(), bias=ak.positions.ALiBi(2), backend="blocksparse", **pos)
-    assert torch.equal(out[:, :, :100], torch.zeros_like(out[:, :, :100]))  # before every key: no visible key
+    for given in ({}, pos):
+        _check(q, k, v, M.causal(), bias=ak.positions.ALiBi(2), **given)
+        out = ak.attention(q, k, v, M.causal(), bias=ak.positions.ALiBi(2), backend="blocksparse", **given)
+        assert torch.equal(out[:, :, :100], torch.zeros_like(out[:, :, :100]))  # before every key: no visible key
 
 
 def test_learnable_alibi_slopes_are_routed_to_a_backend_that_trains_them():
