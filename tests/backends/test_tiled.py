@@ -10,7 +10,7 @@ from test_oracle import EDGE_MASKS
 
 import attnkit as ak
 from attnkit._validation import build_call
-from attnkit.backends import relative, tiled
+from attnkit.backends import blocksparse, relative, tiled
 from attnkit.backends.blocksparse import BlockSparseBackend
 from oracle import assert_within_rule, run_with_grads
 
@@ -55,9 +55,14 @@ def _check(q, k, v, mask, **kw):
         assert_within_rule(got, r, gg, factor=3.0, what=f"grad {name}")
 
 
+@pytest.mark.parametrize("kernel", ["sdpa_pieces", "tiled"])
 @pytest.mark.parametrize("mask_name", list(RELATIVE_MASKS))
 @pytest.mark.parametrize("length", [1, 63, 64, 65, 127, 128, 129, 257, 1000])
-def test_offset_table_path_against_reference(mask_name, length):
+def test_offset_table_path_against_reference(mask_name, length, kernel, monkeypatch):
+    """Both kernels of the offset-table path: SDPA per piece with the table slice as its float mask (prefill
+    from BLOCK queries on), and the tiled kernel (fewer queries, softcap, float64)."""
+    if kernel == "tiled":
+        monkeypatch.setattr(blocksparse, "_relative_on_sdpa", lambda call: False)
     mask = RELATIVE_MASKS[mask_name]()
     q, k, v = _qkv(2, 4, 2, length, length, 16, seed=length)
     bias = ak.positions.ALiBi(4)
@@ -127,7 +132,10 @@ def test_table_slices_equal_the_bias_and_mask():
                         assert not allowed[0, 0, p.q_lo:p.q_hi].any()
                         continue
                     (lo, hi), = p.kv
-                    assert torch.equal(g.terms(p, slice(None), slice(None)), dense[:, g.heads, p.q_lo:p.q_hi, lo:hi])
+                    term, want = g.terms(p, slice(None), slice(None)), dense[:, g.heads, p.q_lo:p.q_hi, lo:hi]
+                    kept = torch.isfinite(term)  # beyond a head's reach the table holds -inf: the bias there is
+                    assert torch.equal(term[kept], want[kept])  # below the cutoff (its weight is 0 either way)
+                    assert (want[~kept] <= -tiled.CUTOFF).all()
                     outside = torch.cat([allowed[0, 0, p.q_lo:p.q_hi, :lo], allowed[0, 0, p.q_lo:p.q_hi, hi:]], -1)
                     if g.heads == slice(0, 4):  # unpruned: nothing allowed lies outside the piece's keys
                         assert not outside.any()
@@ -192,6 +200,7 @@ def test_no_subnormal_weights(monkeypatch):
         return p
 
     monkeypatch.setattr(tiled, "_probs", spy)
+    monkeypatch.setattr(blocksparse, "_relative_on_sdpa", lambda call: False)  # the tiled kernel's offset path
     q, k, v = _qkv(1, 4, 4, 600, 600, 16, scale=3.0)
     monkeypatch.setattr(ak.positions.ALiBi, "reach", lambda self, margin: None)  # no skipping: every key computed
     ak.attention(q, k, v, M.causal(), bias=ak.positions.ALiBi(4), backend="blocksparse")
@@ -202,6 +211,17 @@ def test_nothing_of_size_lq_by_lk(monkeypatch, workspace_sizes):
     L, H = 2048, 2
     q, k, v = (t.requires_grad_() for t in _qkv(1, H, H, L, L, 8))
     monkeypatch.setattr(ak.positions.ALiBi, "materialize", lambda *a: pytest.fail("ALiBi materialised densely"))
+    masks = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(*args, attn_mask=None, **kw):
+        masks.append(attn_mask.numel())
+        return sdpa(*args, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(blocksparse.F, "scaled_dot_product_attention", spy)
+    ak.attention(q, k, v, M.causal(), bias=ak.positions.ALiBi(H), backend="blocksparse").sum().backward()
+    assert masks and max(masks) <= H * relative.BLOCK * L < L * L  # the SDPA pieces' float masks
+    monkeypatch.setattr(blocksparse, "_relative_on_sdpa", lambda call: False)  # the tiled kernel's workspaces
     ak.attention(q, k, v, M.causal(), bias=ak.positions.ALiBi(H), backend="blocksparse").sum().backward()
     assert workspace_sizes and max(workspace_sizes) <= H * relative.BLOCK * L < L * L
 

@@ -27,7 +27,7 @@ from attnkit._bias import StructuredBias
 from attnkit._validation import AttentionCall
 from attnkit.backends.base import Rank, is_long, skippable_structure
 from attnkit.backends.block_plan import Piece, Plan, make_plan
-from attnkit.backends.relative import HeadGroup, describe, relative_groups
+from attnkit.backends.relative import BLOCK, HeadGroup, describe, relative_groups
 from attnkit.backends.tiled import tiled_attention
 from attnkit.backends.varlen import document_runs, run_documents
 from attnkit.functional.reference import expand_kv, propagate_nan_queries
@@ -42,6 +42,10 @@ SPARSE_MIN_KEYS = 4096
 #: slower forward and 2.3x forward+backward at 2048 (its far-key exponentials turn subnormal)
 BIAS_MIN_KEYS = 2048
 SPARSE_MIN_QUERIES = 128
+#: from this many keys a relative bias (ALiBi) under an offset-only mask (none, causal, windows) with default
+#: positions runs as SDPA pieces against an offset table: ALiBi causal forward at 0.51-0.96x SDPA's is_causal
+#: without the bias from 256 to 4096 keys, where SDPA with the dense bias gave 0.12-0.45x (2-core Xeon, AMX)
+RELATIVE_MIN_KEYS = 256
 
 
 class BlockSparseBackend:
@@ -50,6 +54,8 @@ class BlockSparseBackend:
     def rank(self, call: AttentionCall) -> Rank:
         structure = skippable_structure(call)
         min_keys = BIAS_MIN_KEYS if isinstance(call.bias, StructuredBias) else SPARSE_MIN_KEYS
+        if _offset_pieces_on_sdpa(call):
+            min_keys = RELATIVE_MIN_KEYS
         if structure is None:
             return Rank(5, "nothing to skip: SDPA's own form is as good")
         runs = document_runs(call)
@@ -101,11 +107,51 @@ class BlockSparseBackend:
 
 
 def _run_relative(call: AttentionCall, groups: list[HeadGroup]) -> torch.Tensor:
-    """Each head group as one tiled call: ``(B, H, Lq, Dv)``."""
+    """Each head group's pieces on SDPA's fused kernel with their table slice as the float mask, or (softcap,
+    or half precision off the CPU) as one tiled call: ``(B, H, Lq, Dv)``."""
     k, v = (expand_kv(t, call.num_heads) for t in (call.k, call.v))  # (B, H, Lk, D|Dv)
-    outs = [tiled_attention(call.q[:, g.heads], k[:, g.heads], v[:, g.heads], g.pieces, g.terms, scale=call.scale,
-                            dropout_p=call.dropout_p, softcap=call.softcap) for g in groups]  # (B, h, Lq, Dv) each
-    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)  # (B, H, Lq, Dv)
+    if not _relative_on_sdpa(call):
+        outs = [tiled_attention(call.q[:, g.heads], k[:, g.heads], v[:, g.heads], g.pieces, g.terms,
+                                scale=call.scale, dropout_p=call.dropout_p, softcap=call.softcap)
+                for g in groups]  # (B, h, Lq, Dv) each
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)  # (B, H, Lq, Dv)
+    outs = [torch.cat([_sdpa_piece(call, g, p, k, v) for p in g.pieces], dim=2) for g in groups]  # (B, h, Lq, Dv)
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)  # (B, H, Lq, Dv)
+    empty = groups[0].table.empty_rows()  # (Lq,) queries that see no key
+    return out.masked_fill(empty.to(out.device)[:, None], 0.0) if bool(empty.any()) else out
+
+
+def _offset_pieces_on_sdpa(call: AttentionCall) -> bool:
+    """Whether the call takes the offset table's SDPA pieces, told without reading tensors: a relative bias,
+    an offset-only mask (or none) and default positions (:func:`relative_groups` confirms when it runs)."""
+    bias, prepared = call.bias, call.prepared
+    if not (isinstance(bias, StructuredBias) and bias.relative and _relative_on_sdpa(call)):
+        return False
+    if prepared is None:
+        return call.default_positions
+    return not prepared.is_tensor and prepared.default_positions and prepared.spec.offsets() is not None
+
+
+def _relative_on_sdpa(call: AttentionCall) -> bool:
+    """Offset-table pieces run on SDPA for prefill-sized calls (at least one piece of :data:`BLOCK` queries):
+    no softcap, float32 queries, or half precision on the CPU (its kernel takes a float32 mask with them).
+    The rest stays on the tiled kernel: float64 (SDPA's float64 path sums less exactly) and a few query rows
+    (a single row's scores are more exact there, issue 21 item 12)."""
+    half = call.q.dtype in (torch.float16, torch.bfloat16)
+    dtype_ok = call.q.dtype == torch.float32 or (half and call.q.device.type == "cpu")
+    return call.softcap is None and dtype_ok and call.q_len >= BLOCK
+
+
+def _sdpa_piece(call: AttentionCall, group: HeadGroup, piece: Piece, k, v) -> torch.Tensor:
+    """One piece of queries of a head group against its key range: ``(B, h, lq, Dv)``, its bias and mask the
+    ``(1, h, lq, lk)`` table slice (SDPA adds it to the scores; no Lq x Lk tensor, no block above reach)."""
+    q = call.q[:, group.heads, piece.q_lo:piece.q_hi]  # (B, h, lq, D)
+    if piece.mode == "empty":
+        return q.new_zeros(*q.shape[:3], v.shape[-1])
+    (lo, hi), = piece.kv
+    terms = group.terms(piece, slice(None), slice(None))  # (1, h, lq, lk)
+    return F.scaled_dot_product_attention(q, k[:, group.heads, lo:hi], v[:, group.heads, lo:hi], attn_mask=terms,
+                                          dropout_p=call.dropout_p, scale=call.scale)  # (B, h, lq, Dv)
 
 
 def _mask_and_context(call: AttentionCall) -> tuple[MaskSpec | None, MaskContext]:
