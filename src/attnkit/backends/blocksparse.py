@@ -31,7 +31,7 @@ from attnkit.backends.relative import BLOCK, HeadGroup, describe, relative_group
 from attnkit.backends.tiled import tiled_attention
 from attnkit.backends.varlen import document_runs, run_documents
 from attnkit.functional.reference import expand_kv, propagate_nan_queries
-from attnkit.masks import MaskContext, MaskSpec
+from attnkit.masks import MaskContext, MaskSpec, PreparedMask
 from attnkit.masks.blocks import evaluate_on
 from attnkit.masks.dense import context_for
 
@@ -101,7 +101,7 @@ class BlockSparseBackend:
             out = _run_relative(call, groups)
         else:
             plans = make_plans(call, mask, ctx)
-            outs = [run_plan(call, plan, mask, ctx) for plan in plans]  # (R, H, Lq, Dv) each
+            outs = [run_plan(call, plan, ctx) for plan in plans]  # (R, H, Lq, Dv) each
             out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)  # (B, H, Lq, Dv)
         return propagate_nan_queries(out, call.q)  # SDPA's unmasked pieces give 0 for a NaN query
 
@@ -179,18 +179,20 @@ def _allow_causal(call: AttentionCall) -> bool:
 def _make_plans(call: AttentionCall, mask: MaskSpec | None, ctx: MaskContext) -> list[Plan]:
     allow_causal = _allow_causal(call)
     per_row = call.batch > 1 and ((mask is not None and mask.batch > 1) or not _rows_share_positions(call))
-    dev = call.q.device
+    dev, fn = call.q.device, None if call.prepared is None else call.prepared.fn  # bound once per prepared mask
     if not per_row:
-        return [make_plan(mask, ctx, torch.arange(call.batch, device=dev), allow_causal=allow_causal)]
-    return [make_plan(mask, ctx, torch.tensor([b], device=dev), allow_causal=allow_causal) for b in range(call.batch)]
+        return [make_plan(mask, ctx, torch.arange(call.batch, device=dev), allow_causal=allow_causal, fn=fn)]
+    return [make_plan(mask, ctx, torch.tensor([b], device=dev), allow_causal=allow_causal, fn=fn)
+            for b in range(call.batch)]
 
 
 def _rows_share_positions(call: AttentionCall) -> bool:
     return all(p is None or p.shape[0] == 1 for p in (call.q_positions, call.kv_positions))
 
 
-def run_plan(call: AttentionCall, plan: Plan, mask: MaskSpec | None, ctx: MaskContext) -> torch.Tensor:
-    """Execute a plan for its batch rows: ``(R, H, Lq, Dv)``."""
+def run_plan(call: AttentionCall, plan: Plan, ctx: MaskContext) -> torch.Tensor:
+    """Execute a plan for its batch rows: ``(R, H, Lq, Dv)``. Masked pieces evaluate the prepared mask's bound
+    function (``call.prepared.fn``) on their indices."""
     rows = plan.rows
     whole = rows.numel() == call.batch
     q, k, v = (t if whole else t[rows] for t in (call.q, call.k, call.v))  # (R, H|Hkv, L, D)
@@ -202,23 +204,23 @@ def run_plan(call: AttentionCall, plan: Plan, mask: MaskSpec | None, ctx: MaskCo
     if not _allow_causal(call):
         k, v = (expand_kv(t, call.num_heads) for t in (k, v))  # (R, H, Lk, D|Dv)
         out = tiled_attention(q, k, v, plan.pieces, lambda piece, rs, hs: _piece_terms(
-            call, piece, rows[rs], hs, mask, ctx, q_map, kv_map), scale=call.scale, dropout_p=call.dropout_p,
+            call, piece, rows[rs], hs, ctx, q_map, kv_map), scale=call.scale, dropout_p=call.dropout_p,
             softcap=call.softcap)
     else:
-        out = _run_sdpa(call, plan, mask, ctx, q, k, v, q_map, kv_map)  # (R, H, Lq, Dv) in plan order
+        out = _run_sdpa(call, plan, q, k, v, q_map, kv_map)  # (R, H, Lq, Dv) in plan order
     if plan.q_perm is not None:
         out = out[:, :, torch.argsort(plan.q_perm)]  # (R, H, Lq, Dv) in index order
     return out
 
 
-def _run_sdpa(call: AttentionCall, plan: Plan, mask, ctx, q, k, v, q_map, kv_map) -> torch.Tensor:
+def _run_sdpa(call: AttentionCall, plan: Plan, q, k, v, q_map, kv_map) -> torch.Tensor:
     """Equal-shaped pieces stacked into SDPA calls: ``(R, H, Lq, Dv)`` in plan order."""
     rows = plan.rows
     R, H, Dv = q.shape[0], q.shape[1], v.shape[-1]
     outputs: list[torch.Tensor | None] = [None] * len(plan.pieces)
     for (_lq, _lk, mode), ids in plan.groups().items():
         pieces = [plan.pieces[i] for i in ids]
-        out = _run_group(call, pieces, mode, q, k, v, mask, ctx, rows, q_map, kv_map)  # (T, R, H, lq, Dv)
+        out = _run_group(call, pieces, mode, q, k, v, rows, q_map, kv_map)  # (T, R, H, lq, Dv)
         for i, piece_out in zip(ids, out.unbind(0)):  # unbind: one backward op (per-piece indexing was O(T^2))
             outputs[i] = piece_out
     for i, p in enumerate(plan.pieces):
@@ -245,7 +247,7 @@ def _take(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return rows.movedim(2, 0).flatten(0, 1)  # (T, R, H, l, D) -> (T*R, H, l, D)
 
 
-def _run_group(call, pieces, mode, q, k, v, mask, ctx, rows, q_map, kv_map) -> torch.Tensor:
+def _run_group(call, pieces, mode, q, k, v, rows, q_map, kv_map) -> torch.Tensor:
     """Run equal-shaped pieces as one kernel call: ``(T, R, H, lq, Dv)``."""
     T, R, H = len(pieces), q.shape[0], q.shape[1]
     p0 = pieces[0]
@@ -257,7 +259,7 @@ def _run_group(call, pieces, mode, q, k, v, mask, ctx, rows, q_map, kv_map) -> t
         qs, ks, vs = _take(q, q_idx), _take(k, kv_idx), _take(v, kv_idx)  # (T*R, H|Hkv, l, D)
     attn_mask = empty = None
     if mode == "mask":
-        attn_mask, empty = _piece_mask(pieces, mask, ctx, rows, q_map, kv_map)
+        attn_mask, empty = _piece_mask(pieces, call.prepared, rows, q_map, kv_map)
         attn_mask = attn_mask.expand(T, R, *attn_mask.shape[2:]).flatten(0, 1)  # (T*R, H|1, lq, lk)
         empty = empty.expand(T, R, *empty.shape[2:]).flatten(0, 1)  # (T*R, H|1, lq, 1)
     out = F.scaled_dot_product_attention(
@@ -269,16 +271,17 @@ def _run_group(call, pieces, mode, q, k, v, mask, ctx, rows, q_map, kv_map) -> t
     return out.view(T, R, H, *out.shape[2:])  # (T, R, H, lq, Dv)
 
 
-def _piece_mask(pieces, mask, ctx, rows, q_map, kv_map):
+def _piece_mask(pieces, prepared: PreparedMask, rows, q_map, kv_map):
     """The bool kernel mask of stacked pieces ``(T, R|1, H|1, lq, lk)`` and their empty rows
-    ``(T, R|1, H|1, lq, 1)`` (which see every key; their output is zeroed afterwards)."""
+    ``(T, R|1, H|1, lq, 1)`` (which see every key; their output is zeroed afterwards), from the prepared
+    mask's bound function (bound once per call, not per piece group)."""
     q_idx, kv_idx = _index(pieces, rows.device)
-    allowed = evaluate_on(mask, ctx, rows, q_map[q_idx], kv_map[kv_idx], heads=mask.heads)
+    allowed = evaluate_on(prepared.fn, rows, q_map[q_idx], kv_map[kv_idx], prepared.heads)
     empty = ~allowed.any(dim=-1, keepdim=True)  # (T, R|1, H|1, lq, 1)
     return allowed | empty, empty
 
 
-def _piece_terms(call, piece, rows, heads, mask, ctx, q_map, kv_map) -> torch.Tensor:
+def _piece_terms(call, piece, rows, heads, ctx, q_map, kv_map) -> torch.Tensor:
     """The additive term of one piece for batch rows ``rows (r,)`` and heads ``heads`` (a slice): the bias
     (0 without one), ``-inf`` where the mask forbids; ``(r|1, h|1, lq, lk)`` float32 (float64 for float64
     inputs)."""
@@ -300,7 +303,8 @@ def _piece_terms(call, piece, rows, heads, mask, ctx, q_map, kv_map) -> torch.Te
         bias = full[:, :, q_idx[:, None], kv_idx[None, :]]  # (r|1, h|1, lq, lk)
     bias = bias.to(torch.float64 if call.q.dtype == torch.float64 else torch.float32)
     if piece.mode == "mask":
-        allowed = evaluate_on(mask, ctx, rows, q_idx[None], kv_idx[None], heads=mask.heads)[0]  # (r|1, H|1, lq, lk)
+        prepared = call.prepared
+        allowed = evaluate_on(prepared.fn, rows, q_idx[None], kv_idx[None], prepared.heads)[0]  # (r|1, H|1, lq, lk)
         allowed = allowed if allowed.shape[1] == 1 else allowed[:, heads]
         bias = bias.masked_fill(~allowed, float("-inf"))
     top = bias.amax(dim=-1, keepdim=True)  # (r|1, h|1, lq, 1): a row's constant offset, which softmax ignores
