@@ -60,9 +60,12 @@ def _check(q, k, v, mask, **kw):
 @pytest.mark.parametrize("length", [1, 63, 64, 65, 127, 128, 129, 257, 1000])
 def test_offset_table_path_against_reference(mask_name, length, kernel, monkeypatch):
     """Both kernels of the offset-table path: SDPA per piece with the table slice as its float mask (prefill
-    from BLOCK queries on), and the tiled kernel (fewer queries, softcap, float64)."""
+    from BLOCK queries on, inference: here forced with gradients too), and the tiled kernel (fewer queries,
+    softcap, float64, training)."""
     if kernel == "tiled":
         monkeypatch.setattr(blocksparse, "_relative_on_sdpa", lambda call: False)
+    else:
+        monkeypatch.setattr(blocksparse, "_trains", lambda call: False)
     mask = RELATIVE_MASKS[mask_name]()
     q, k, v = _qkv(2, 4, 2, length, length, 16, seed=length)
     bias = ak.positions.ALiBi(4)
@@ -219,6 +222,7 @@ def test_nothing_of_size_lq_by_lk(monkeypatch, workspace_sizes):
         return sdpa(*args, attn_mask=attn_mask, **kw)
 
     monkeypatch.setattr(blocksparse.F, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(blocksparse, "_trains", lambda call: False)  # SDPA pieces (inference) with a backward
     ak.attention(q, k, v, M.causal(), bias=ak.positions.ALiBi(H), backend="blocksparse").sum().backward()
     assert masks and max(masks) <= H * relative.BLOCK * L < L * L  # the SDPA pieces' float masks
     monkeypatch.setattr(blocksparse, "_relative_on_sdpa", lambda call: False)  # the tiled kernel's workspaces
@@ -294,3 +298,23 @@ def test_single_query_row_is_as_accurate_as_the_reference(seed, mask_name):
     seeds the output missed the 2x rule. One query row now reads the keys as the reference does."""
     q, k, v = _qkv(1, 2, 2, 1, 65, 40, seed=seed, scale=4.0)
     _check(q, k, v, RELATIVE_MASKS[mask_name](), bias=ak.positions.ALiBi(2))
+
+
+def test_inference_takes_the_sdpa_pieces_and_training_the_tiled_kernel(monkeypatch):
+    """Without gradients ALiBi causal runs as SDPA pieces (the forward speed); with them, the tiled kernel (whose
+    backward is 2-3x faster than SDPA's with a float mask on CPU). Both against the reference."""
+    calls = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(blocksparse.F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(1) or sdpa(*a, **kw))
+    bias = ak.positions.ALiBi(4)
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):  # half precision: a float32 mask on the CPU
+        q, k, v = _qkv(2, 4, 2, 300, 300, 16, dtype=dtype)
+        with torch.no_grad():
+            out = ak.attention(q, k, v, M.causal(), bias=bias, backend="blocksparse")
+            golden = ak.reference_attention(q.double(), k.double(), v.double(), M.causal(), bias=bias)
+            assert_within_rule(out, ak.reference_attention(q, k, v, M.causal(), bias=bias), golden)
+        assert calls, dtype
+        calls.clear()
+    q, k, v = _qkv(2, 4, 2, 300, 300, 16)
+    _check(q, k, v, M.causal(), bias=bias)
+    assert not calls

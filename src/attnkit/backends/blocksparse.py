@@ -135,11 +135,17 @@ def _offset_pieces_on_sdpa(call: AttentionCall) -> bool:
 def _relative_on_sdpa(call: AttentionCall) -> bool:
     """Offset-table pieces run on SDPA for prefill-sized calls (at least one piece of :data:`BLOCK` queries):
     no softcap, float32 queries, or half precision on the CPU (its kernel takes a float32 mask with them).
-    The rest stays on the tiled kernel: float64 (SDPA's float64 path sums less exactly) and a few query rows
-    (a single row's scores are more exact there, issue 21 item 12)."""
+    The rest stays on the tiled kernel: float64 (SDPA's float64 path sums less exactly), a few query rows
+    (a single row's scores are more exact there, issue 21 item 12) and calls that need gradients (SDPA's
+    backward with a float mask took 2-3x the tiled kernel's on CPU: 0.32x vs 0.63x SDPA causal at N = 2048)."""
     half = call.q.dtype in (torch.float16, torch.bfloat16)
     dtype_ok = call.q.dtype == torch.float32 or (half and call.q.device.type == "cpu")
-    return call.softcap is None and dtype_ok and call.q_len >= BLOCK
+    return call.softcap is None and dtype_ok and call.q_len >= BLOCK and not _trains(call)
+
+
+def _trains(call: AttentionCall) -> bool:
+    """Whether autograd will ask for gradients of q, k or v."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in (call.q, call.k, call.v))
 
 
 def _sdpa_piece(call: AttentionCall, group: HeadGroup, piece: Piece, k, v) -> torch.Tensor:
