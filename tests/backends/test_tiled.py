@@ -96,14 +96,17 @@ def test_fewer_queries_than_keys(lq, lk):
     _check(q, k, v, M.causal(), bias=ak.positions.ALiBi(8))
 
 
-def test_skipped_keys_change_nothing():
+@pytest.mark.parametrize("call_entries", [0, relative.CALL_ENTRIES])
+def test_skipped_keys_change_nothing(monkeypatch, call_entries):
     """Steep ALiBi heads reach a few hundred keys back; skipping the rest must match the reference, also when
-    large q and k norms give the scores room to overcome the penalty (the reach bound widens)."""
+    large q and k norms give the scores room to overcome the penalty (the reach bound widens). With calls
+    free (CALL_ENTRIES = 0) heads group by reach alone; with the default, merged heads read -inf beyond theirs."""
+    monkeypatch.setattr(relative, "CALL_ENTRIES", call_entries)
     for scale in (1.0, 6.0):
         q, k, v = _qkv(1, 8, 8, 1000, 1000, 16, seed=3, scale=scale)
         bias = ak.positions.ALiBi(8)
         groups = relative.relative_groups(build_call(q, k, v, M.causal(), bias=bias), M.causal())
-        if scale == 1.0:
+        if scale == 1.0 and call_entries == 0:
             assert len(groups) > 1  # some heads stop early
             assert groups[0].pieces[-1].lk < 1000 - 128  # the steepest head's last piece skips the start
         _check(q, k, v, M.causal(), bias=bias)
