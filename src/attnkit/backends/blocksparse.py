@@ -43,8 +43,9 @@ SPARSE_MIN_KEYS = 4096
 BIAS_MIN_KEYS = 2048
 SPARSE_MIN_QUERIES = 128
 #: from this many keys a relative bias (ALiBi) under an offset-only mask (none, causal, windows) with default
-#: positions runs as SDPA pieces against an offset table: ALiBi causal forward at 0.51-0.96x SDPA's is_causal
-#: without the bias from 256 to 4096 keys, where SDPA with the dense bias gave 0.12-0.45x (2-core Xeon, AMX)
+#: positions runs as SDPA pieces against an offset table (inference): ALiBi causal forward at 0.41-0.85x
+#: SDPA's is_causal without the bias from 256 to 4096 keys, where SDPA with the dense bias gave 0.21-0.31x
+#: up to 1024 (2-core Xeon with AMX, CPU time)
 RELATIVE_MIN_KEYS = 256
 
 
