@@ -321,3 +321,21 @@ def test_inference_takes_the_sdpa_pieces_and_training_the_tiled_kernel(monkeypat
     q, k, v = _qkv(2, 4, 2, 300, 300, 16)
     _check(q, k, v, M.causal(), bias=bias)
     assert not calls
+
+
+def test_offset_table_is_built_once_per_prepared_mask_and_bias(monkeypatch):
+    """Layers sharing a prepared mask and equal ALiBi slopes read one table; other slopes get their own."""
+    builds = []
+    original = relative.OffsetTable._build
+    monkeypatch.setattr(relative.OffsetTable, "_build", lambda self, dtype: builds.append(1) or original(self, dtype))
+    q, k, v = _qkv(1, 4, 4, 300, 300, 16)
+    prepared = ak.masks.prepare(M.causal(), 300)
+    with torch.no_grad():
+        first = ak.attention(q, k, v, prepared, bias=ak.positions.ALiBi(4), backend="blocksparse")
+        again = ak.attention(q, k, v, prepared, bias=ak.positions.ALiBi(4), backend="blocksparse")  # another layer
+        assert len(builds) == 1 and torch.equal(first, again)
+        other = ak.positions.ALiBi(4, slopes=torch.tensor([0.3, 0.2, 0.1, 0.05]))
+        out = ak.attention(q, k, v, prepared, bias=other, backend="blocksparse")
+        assert len(builds) == 2
+        golden = ak.reference_attention(q.double(), k.double(), v.double(), M.causal(), bias=other)
+        assert_within_rule(out, ak.reference_attention(q, k, v, M.causal(), bias=other), golden)
