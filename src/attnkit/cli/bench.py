@@ -17,6 +17,7 @@ SUITES = {
     "cp": "context parallelism on 1, 2, 4 processes: longest sequence at a memory budget, step time, bytes sent",
     "hf": "Hugging Face models with attn_implementation='attnkit' vs 'sdpa' (sliding window at 4096; MiniLM)",
     "report": "size and time to interactive of the HTML report in headless Chromium (12 layers x 12 heads)",
+    "doctor": "end-to-end time of attnkit doctor (tiny, MiniLM, a 12-layer GPT-2), its report and train --overfit",
     "plots": "redraw the plots of recorded results (benchmarks/results/*.json) without re-running",
 }
 
