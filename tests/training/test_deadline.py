@@ -66,3 +66,21 @@ def test_a_time_budget_run_ends_at_the_deadline_and_config_json_says_what_ran(tm
     assert saved["train"]["steps"] == saved["total_steps"] == saved["time_budget"]["ran"] == result.step
     assert saved["time_budget"]["first_plan"] > result.step and saved["time_budget"]["replans"] >= 1
     assert result.val_loss is not None and (tmp_path / "checkpoints" / f"step_{result.step:08d}").is_dir()
+
+
+def test_every_rank_follows_rank_0s_plan(tmp_path, monkeypatch):
+    """Under torchrun each rank measures its own step times; the loop runs the plan rank 0 sends (here: 7 steps,
+    where this process's own clock would plan about 12), so the ranks end at the same step."""
+    from attnkit.training import dist
+
+    asked = []
+    monkeypatch.setattr(dist, "from_rank0", lambda value, ctx: (asked.append(value), 7)[1]
+                        if isinstance(value, int) else value)
+    clock = FakeClock()
+
+    def slow_step(trainer, record):
+        clock.now += 5.0
+
+    result = train(small_config(tmp_path, time_budget=60.0, steps=None, ckpt_every=1000), log=lambda *a: None,
+                   hooks=[slow_step], clock=clock)
+    assert result.step == 7 and len(asked) == 7 and min(asked) > 7  # its own plans asked for, rank 0's followed
