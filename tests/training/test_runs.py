@@ -463,3 +463,14 @@ def test_everything_a_run_writes_has_one_permission_mode_from_the_umask(tmp_path
         modes = {str(p.relative_to(run)): p.stat().st_mode & 0o777 for p in [run, *run.rglob("*")]}
         want = {name: (0o777 if (run / name).is_dir() else 0o666) & ~mask for name in modes}
         assert modes == want
+
+
+def test_generate_on_a_damaged_checkpoint_suggests_no_train_flag(tmp_path, capsys):
+    """issue 23 item 4: the hint of a damaged checkpoint fits every command (generate has no --resume)."""
+    run = tmp_path / "run"
+    train(small_config(run, steps=2, ckpt_every=1), log=_quiet)
+    newest = ckpt.list_checkpoints(run)[-1]
+    (newest / "model.safetensors").write_bytes(b"damaged")
+    assert main(["generate", str(run), "--prompt", "a", "--max-new-tokens", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "step_00000001 is intact: pass it instead of the damaged one" in err and "--resume" not in err, err
