@@ -78,8 +78,9 @@ def run(args) -> int:
     kwargs = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_k": args.top_k,
               "top_p": args.top_p, "seed": args.seed, "stop_tokens": () if tok.EOS is None else (tok.EOS,),
               "cache": args.cache}
-    with torch.inference_mode(), _length_warnings():
+    with _length_warnings():  # said before the first token (the arguments are checked when called)
         tokens = stream_generate(source.model, prompts, **kwargs)
+    with torch.inference_mode():
         stream = args.stream if args.stream is not None else len(prompts) == 1 and sys.stdout.isatty()
         if stream:
             _stream(tokens, prompts[0], tok)
