@@ -474,3 +474,11 @@ def test_generate_on_a_damaged_checkpoint_suggests_no_train_flag(tmp_path, capsy
     assert main(["generate", str(run), "--prompt", "a", "--max-new-tokens", "2"]) == 2
     err = capsys.readouterr().err
     assert "step_00000001 is intact: pass it instead of the damaged one" in err and "--resume" not in err, err
+
+
+def test_rows_longer_than_the_preset_with_computed_positions_are_said(tmp_path):
+    said = []
+    trainer = loop.Trainer(small_config(tmp_path / "run", seq_len=200), log=said.append)
+    trainer.close()
+    assert any("note: seq_len 200 is 1.56x the 'nano' preset's 128 positions: the model is built for rows of 200 "
+               "(rope positions)" in line for line in said), said

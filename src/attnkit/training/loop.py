@@ -200,9 +200,15 @@ class Trainer:
                                            betas=config.betas, fused=False, foreach=True)
 
     def _check_preset_length(self) -> None:
-        """A new run's rows fit the preset's positions when they are learned (a table of ``max_seq_len`` rows)."""
+        """A new run's rows fit the preset's positions when they are learned (a table of ``max_seq_len`` rows);
+        longer rows with computed positions are said (the model is built for them; each step costs more)."""
         preset_len = PRESETS[self.config.preset]["max_seq_len"]
         positions = self.config.model.get("positions", PRESETS[self.config.preset].get("positions", "rope"))
+        if (self.config.seq_len or 0) > preset_len and positions != "learned":
+            self.log(f"note: {self.names('seq_len')} {self.config.seq_len} is {self.config.seq_len / preset_len:.3g}x "
+                     f"the {self.config.preset!r} preset's {preset_len} positions: the model is built for rows of "
+                     f"{self.config.seq_len} ({positions} positions), and attention's cost per row grows with the "
+                     "square of its length")
         if positions == "learned" and (self.config.seq_len or 0) > preset_len:
             raise AttnkitValueError(
                 f"{self.names('seq_len')} {self.config.seq_len} is longer than the {preset_len} learned positions of the "
