@@ -11,6 +11,8 @@ CASES = [
      "time_budget"),
     (["train", "--minutes", "nan"], "--minutes must be a number of minutes > 0, got nan", "time_budget"),
     (["train", "--minutes", "2", "--steps", "5"], "--minutes 2 and --steps 5 exclude each other", None),
+    (["train", "--resume", "runs/x", "--minutes", "2"], "--minutes 2 sets the length of a new run; --resume runs/x "
+     "continues to the step count its checkpoint recorded (pass --steps N to extend it)", "time_budget"),
     (["train", "--steps", "0"], "--steps must be a positive int, got 0", "error: steps must"),
     (["train", "--batch-size", "0"], "--batch-size must be a positive int, got 0", "batch_size"),
     (["train", "--lr", "0"], "--lr must be > 0.0, got 0.0", None),

@@ -110,6 +110,9 @@ def config_from_args(args) -> TrainConfig:
     if args.minutes is not None and not (math.isfinite(args.minutes) and args.minutes > 0):
         raise AttnkitValueError(f"--minutes must be a number of minutes > 0, got {args.minutes}; e.g. --minutes 3, "
                                 "or --steps N for a fixed number of steps.")
+    if args.minutes is not None and args.resume is not None:
+        raise AttnkitValueError(f"--minutes {args.minutes:g} sets the length of a new run; --resume {args.resume} "
+                                "continues to the step count its checkpoint recorded (pass --steps N to extend it).")
     if args.minutes is not None and args.steps is not None:
         raise AttnkitValueError(f"--minutes {args.minutes:g} and --steps {args.steps} exclude each other: --minutes "
                                 "ends the run at a time, --steps after a number of steps; pass one of them.")
