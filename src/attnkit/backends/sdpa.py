@@ -23,6 +23,8 @@ from attnkit.masks import Causal
 
 class SDPABackend:
     name = "sdpa"
+    ranks_by_signature = True  # supports/rank read the call's signature and prepared mask only
+    traceable = True
 
     def available(self) -> list[str]:
         return [] if hasattr(F, "scaled_dot_product_attention") else ["torch lacks scaled_dot_product_attention"]

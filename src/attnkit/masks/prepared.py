@@ -71,36 +71,51 @@ class PreparedMask:
     last Lq of them).
     """
 
+    #: already bound to its positions: a call needs no default-alignment check for it (MaskSpec.positional)
+    positional = False
+
     def __init__(self, mask: MaskSpec | torch.Tensor, q_positions: torch.Tensor | int,
                  kv_positions: torch.Tensor | int | None = None, batch: int | None = None, *,
                  _default: bool | None = None):
-        self.source = mask
-        self.is_tensor = isinstance(mask, torch.Tensor)
-        if self.is_tensor:
-            if mask.dtype != torch.bool or mask.dim() > 4:
-                raise AttnkitTypeError(f"prepare expects an ak.masks mask or a bool tensor with at most 4 dims "
-                                       f"(True = may attend), got {describe(mask)}; use tensor.bool().")
-            mask = Dense(mask.reshape((1,) * max(0, 2 - mask.dim()) + tuple(mask.shape)))  # (.., Lq|1, Lk|1)
-        elif not isinstance(mask, MaskSpec):
-            raise AttnkitTypeError(f"prepare expects an ak.masks mask or a bool tensor, got {describe(mask)}; build "
-                                   "one with ak.masks.causal(), ak.masks.padding(...), ... or wrap a tensor.")
-        self.spec: MaskSpec = mask
-        self.ctx: MaskContext = context_for(mask, q_positions, kv_positions, batch=batch)
-        self.batch, self.q_len, self.kv_len = self.ctx.batch, self.ctx.q_len, self.ctx.kv_len
-        self.heads, self.device = mask.heads, self.ctx.device
-        self.default_positions = _is_default(q_positions, kv_positions, self.ctx) if _default is None else _default
+        spec = _spec_of(mask)
+        ctx = context_for(spec, q_positions, kv_positions, batch=batch)
+        default = _is_default(q_positions, kv_positions, ctx) if _default is None else _default
+        self._setup(mask, spec, ctx.batch, ctx.q_len, ctx.kv_len, ctx.device, default)
+        self._ctx = ctx
+
+    def _setup(self, source, spec: MaskSpec, batch: int, q_len: int, kv_len: int, device: torch.device,
+               default: bool) -> None:
+        self.source, self.is_tensor, self.spec = source, isinstance(source, torch.Tensor), spec
+        self.batch, self.q_len, self.kv_len, self.heads, self.device = batch, q_len, kv_len, spec.heads, device
+        self.default_positions = default
         self._memo: dict[Any, Any] = {}
+        self._ctx: MaskContext | None = None
+        self._positions: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
 
     @classmethod
     def for_call(cls, mask: MaskSpec | torch.Tensor, q_positions: torch.Tensor | None,
                  kv_positions: torch.Tensor | None, batch: int, q_len: int, kv_len: int,
                  device: torch.device) -> PreparedMask:
-        """Prepare for a validated call: positions ``(B|1, L)`` or None for the defaults (no check needed)."""
-        dq, dkv = default_positions(q_len, kv_len, device)  # (1, Lq), (1, Lk)
-        default = q_positions is None and kv_positions is None
-        prepared = cls(mask, dq if q_positions is None else q_positions, dkv if kv_positions is None else kv_positions,
-                       batch, _default=default)
+        """Prepare for a validated call: positions ``(B|1, L)`` or None for the defaults (no check needed: the
+        call's checks fixed their shapes, the mask's batch and the device). Nothing is built here: the
+        positions are broadcast (the defaults made) the first time something reads :attr:`ctx`, so a call that
+        needs only the structure (a causal mask SDPA flags) pays for none of it."""
+        prepared = cls.__new__(cls)
+        prepared._setup(mask, _spec_of(mask), batch, q_len, kv_len, device,
+                        q_positions is None and kv_positions is None)
+        prepared._positions = (q_positions, kv_positions)
         return prepared
+
+    @property
+    def ctx(self) -> MaskContext:
+        """The :class:`MaskContext`: positions ``(B, Lq)``, ``(B, Lk)`` int64 (built on first use)."""
+        if self._ctx is None:
+            q, kv = self._positions
+            if q is None or kv is None:
+                dq, dkv = default_positions(self.q_len, self.kv_len, self.device)  # (1, Lq), (1, Lk)
+                q, kv = dq if q is None else q, dkv if kv is None else kv
+            self._ctx = MaskContext(q.expand(self.batch, -1), kv.expand(self.batch, -1))  # (B, Lq), (B, Lk)
+        return self._ctx
 
     # ------------------------------------------------------------------ bound forms
     @property
@@ -204,6 +219,19 @@ class PreparedMask:
 
     def __repr__(self) -> str:
         return f"prepared({self.spec!r}, B={self.batch}, Lq={self.q_len}, Lk={self.kv_len})"
+
+
+def _spec_of(mask: object) -> MaskSpec:
+    """The :class:`MaskSpec` of an ``ak.masks`` mask or a bool tensor (wrapped as :class:`Dense`)."""
+    if isinstance(mask, torch.Tensor):
+        if mask.dtype != torch.bool or mask.dim() > 4:
+            raise AttnkitTypeError(f"prepare expects an ak.masks mask or a bool tensor with at most 4 dims "
+                                   f"(True = may attend), got {describe(mask)}; use tensor.bool().")
+        return Dense(mask.reshape((1,) * max(0, 2 - mask.dim()) + tuple(mask.shape)))  # (.., Lq|1, Lk|1)
+    if not isinstance(mask, MaskSpec):
+        raise AttnkitTypeError(f"prepare expects an ak.masks mask or a bool tensor, got {describe(mask)}; build "
+                               "one with ak.masks.causal(), ak.masks.padding(...), ... or wrap a tensor.")
+    return mask
 
 
 def _is_default(q_positions, kv_positions, ctx: MaskContext) -> bool:
