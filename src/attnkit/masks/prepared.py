@@ -43,6 +43,13 @@ from attnkit.masks.dense import context_for, default_positions, evaluate
 from attnkit.masks.spec import BoundMask, Causal, Chunked, Dense, Document, MaskContext, MaskSpec, Padding, Strided
 
 
+#: forms of small pure causal masks on default positions kept across calls (see PreparedMask.memo(shared=True))
+_SHARED: dict[Any, Any] = {}
+_SHARED_MAX = 32
+#: Lq x Lk of the largest mask whose forms are shared (a decode step's, never a prefill's): 32 x 256 KiB at most
+SHARED_MAX_ENTRIES = 1 << 18
+
+
 @dataclass(frozen=True)
 class MaskStructure:
     """What a prepared mask is, as far as backends and caches can exploit it (None = not known / absent).
@@ -125,26 +132,26 @@ class PreparedMask:
 
     def dense(self) -> torch.Tensor:
         """The dense bool mask, broadcastable to ``(B, H, Lq, Lk)`` (a tensor mask is returned as given, 4-D)."""
-        if "dense" not in self._memo:
-            if self.is_tensor:
-                self.fn  # noqa: B018 -- binding checks the tensor against the call's shape
-                self._memo["dense"] = self.spec.tensor.to(self.device)  # (B|1, H|1, Lq|1, Lk|1)
-            else:
-                self._memo["dense"] = evaluate(self.fn, self.ctx, heads=self.heads)  # (B, H|1, Lq, Lk)
-        return self._memo["dense"]
+        return self.memo("dense", self._dense, shared=True)
+
+    def _dense(self) -> torch.Tensor:
+        if self.is_tensor:
+            self.fn  # noqa: B018 -- binding checks the tensor against the call's shape
+            return self.spec.tensor.to(self.device)  # (B|1, H|1, Lq|1, Lk|1)
+        return evaluate(self.fn, self.ctx, heads=self.heads)  # (B, H|1, Lq, Lk)
 
     def dense_opened(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(mask | empty_rows, empty_rows)``: rows with no visible key opened to every key (their output is
         zeroed afterwards, which gives finite gradients on any kernel), and the empty-row mask
         ``(B|1, H|1, Lq, 1)``; ``(mask, None)`` when every row sees a key."""
-        if "opened" not in self._memo:
-            allowed = self.dense()
-            empty = ~allowed.any(dim=-1, keepdim=True)  # (B|1, H|1, Lq, 1)
-            if not torch.compiler.is_compiling() and not bool(empty.any()):  # (data-dependent: breaks graphs)
-                self._memo["opened"] = (allowed, None)
-            else:
-                self._memo["opened"] = (allowed | empty, empty)
-        return self._memo["opened"]
+        return self.memo("opened", self._dense_opened, shared=True)
+
+    def _dense_opened(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        allowed = self.dense()
+        empty = ~allowed.any(dim=-1, keepdim=True)  # (B|1, H|1, Lq, 1)
+        if not torch.compiler.is_compiling() and not bool(empty.any()):  # (data-dependent: breaks graphs)
+            return allowed, None
+        return allowed | empty, empty
 
     def block_cover(self, block: int, kv_block: int | None = None) -> BlockCover:
         """The :class:`~attnkit.masks.blocks.BlockCover` ``(nQ, nK)`` of tiles of ``block`` queries by
@@ -162,11 +169,28 @@ class PreparedMask:
                          torch.arange(self.kv_len, device=dev) if kv_index is None else kv_index,
                          block, kv_block or block)
 
-    def memo(self, key: Any, build: Callable[[], Any]) -> Any:
-        """``build()`` once per key for this prepared mask (backends keep their derived forms here)."""
-        if key not in self._memo:
-            self._memo[key] = build()
-        return self._memo[key]
+    def memo(self, key: Any, build: Callable[[], Any], *, shared: bool = False) -> Any:
+        """``build()`` once per key for this prepared mask (backends keep their derived forms here).
+
+        ``shared=True``, for forms built from the mask alone (never from a call's tensors): a pure causal mask
+        on default positions has no data, so such a form is a function of exactly ``(key, B, Lq, Lk, device)``
+        and is kept across calls too, in a small bounded table, when the mask is small (a decode step's
+        ``Lq x Lk``, at most ``SHARED_MAX_ENTRIES``): an unprepared ``causal()`` decode call then builds its
+        dense form once, not once per call."""
+        if key in self._memo:
+            return self._memo[key]
+        if shared and self.pure_causal and self.q_len * self.kv_len <= SHARED_MAX_ENTRIES and \
+                not torch.compiler.is_compiling():
+            table_key = (key, self.batch, self.q_len, self.kv_len, self.device)
+            if table_key not in _SHARED:
+                if len(_SHARED) >= _SHARED_MAX:
+                    _SHARED.clear()
+                _SHARED[table_key] = build()
+            value = _SHARED[table_key]
+        else:
+            value = build()
+        self._memo[key] = value
+        return value
 
     # ------------------------------------------------------------------ structure
     @property
