@@ -14,6 +14,7 @@ import torch
 
 from attnkit._bias import StructuredBias
 from attnkit._checks import number as check_scalar
+from attnkit._checks import position_ids
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
 from attnkit.masks import MaskSpec, PreparedMask, default_positions
 from attnkit.masks.dense import check_default_alignment
@@ -173,32 +174,11 @@ def _check_tensors(q: object, k: object, v: object) -> None:
         )
 
 
-def check_position_ids(positions: object, name: str = "positions") -> torch.Tensor:
-    """An integer tensor of token positions ``(L,)`` or ``(B, L)`` (used by the position embeddings)."""
-    if not isinstance(positions, torch.Tensor) or positions.dtype.is_floating_point or \
-            positions.dtype.is_complex or positions.dtype == torch.bool:
-        raise AttnkitTypeError(f"{name} must be an integer tensor, got {describe(positions)}; pass e.g. "
-                               "torch.arange(L) (int64).")
-    if positions.dim() not in (1, 2):
-        raise AttnkitValueError(f"{name} must have shape (L,) or (B, L), got {describe(positions)}; pass one "
-                                "position per token.")
-    return positions
-
-
 def check_positions(positions: object, name: str, batch: int, length: int, device: torch.device):
+    """A call's ``positions``: None (the defaults), or int64 ``(B|1, L)`` (:func:`attnkit._checks.position_ids`)."""
     if positions is None:
         return None
-    if not isinstance(positions, torch.Tensor) or positions.dtype.is_floating_point or positions.dtype == torch.bool:
-        raise AttnkitTypeError(f"{name} must be an integer tensor of absolute positions, got {describe(positions)}; "
-                               "pass e.g. torch.arange(L).")
-    if positions.dim() not in (1, 2) or positions.shape[-1] != length or (
-        positions.dim() == 2 and positions.shape[0] not in (1, batch)
-    ):
-        raise AttnkitValueError(f"{name} must have shape ({length},) or ({batch}, {length}), got {describe(positions)}; "
-                                "give one position per token of this call.")
-    if positions.device != device:
-        raise AttnkitValueError(f"{name} is on {positions.device} but q is on {device}; move it with .to(q.device).")
-    return positions.long().reshape(positions.shape[0] if positions.dim() == 2 else 1, length)  # (B|1, L)
+    return position_ids(positions, name, length=length, batch=batch, device=device)
 
 
 def check_mask(mask: object, shape: tuple[int, int, int, int], device: torch.device | None = None) -> None:

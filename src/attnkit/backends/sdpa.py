@@ -23,7 +23,6 @@ from attnkit.backends.base import Rank, skippable_structure
 from attnkit.functional.reference import propagate_nan_queries
 from attnkit.masks import Causal
 
-
 #: GQA calls with at most this many queries run folded (see the module docstring): in our runs on CPU (2 cores,
 #: torch 2.13) 1.0-1.5x faster than ``enable_gqa`` for one query, fp32 and bf16, up to 8192 keys
 FOLD_MAX_QUERIES = 16

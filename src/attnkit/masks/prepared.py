@@ -42,7 +42,6 @@ from attnkit.masks.blocks import BlockCover, BlockGrid, cover
 from attnkit.masks.dense import context_for, default_positions, evaluate
 from attnkit.masks.spec import BoundMask, Causal, Chunked, Dense, Document, MaskContext, MaskSpec, Padding, Strided
 
-
 #: forms of small pure causal masks on default positions kept across calls (see PreparedMask.memo(shared=True))
 _SHARED: dict[Any, Any] = {}
 _SHARED_MAX = 32
