@@ -254,3 +254,12 @@ def test_shared_forms_are_bounded(monkeypatch):
     pm = M.prepare(M.causal(), 2, big // 2 + 1)
     pm.dense()
     assert not prepared_module._SHARED
+
+
+def test_every_built_in_backend_ranks_by_signature():
+    import attnkit.distributed  # noqa: F401  (registers the context-parallel backend)
+
+    missing = [name for name, b in registry._REGISTRY.items() if not getattr(b, "ranks_by_signature", False)]
+    assert not missing, f"{missing} turn auto's memo off for every call"
+    q = torch.randn(1, 2, 4, 8)
+    assert registry._choice_key(_validation.build_call(q, q, q)) is not None

@@ -36,8 +36,8 @@ class Backend(Protocol):
 
     Optional declarations (read with ``getattr``; a backend without them still works):
 
-    - ``ranks_by_signature = True``: ``supports`` and ``rank`` read nothing of a call but
-      :meth:`AttentionCall.signature`, its prepared mask and ``state()``; when every registered backend says so,
+    - ``ranks_by_signature = True``: ``available``, ``supports`` and ``rank`` read nothing but
+      :meth:`AttentionCall.signature`, the call's prepared mask and ``state()``; when every registered backend says so,
       ``auto`` memoises its choice on exactly those (``backends.registry``). Without it nothing is memoised.
     - ``state() -> Hashable``: the environment settings ``rank`` reads (flex: whether CPU compiling is allowed).
     - ``traceable = False``: the backend can't run inside ``torch.compile``; ``auto`` skips it while compiling

@@ -93,7 +93,7 @@ def propagate_nan_queries(out: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     too, so that the rule doesn't depend on which kernel knows where the empty rows are."""
     if q.numel() == 0:
         return out
-    if q.device.type == "cpu" and not torch.compiler.is_compiling() and \
+    if q.is_cpu and not torch.compiler.is_compiling() and \
             math.isfinite(float((q.detach() if q.requires_grad else q).sum())):
         # eager CPU fast path: one reduction read back as a Python float, no copy (a sum is NaN/inf whenever an
         # entry is; a finite q whose sum overflows only takes the exact row check below): ~3.5 us at
