@@ -71,7 +71,7 @@ def test_a_new_command_is_a_new_file(tmp_path, monkeypatch, capsys):
 def test_user_error_prints_the_message_alone_and_exits_2(capsys):
     assert main(["doctor", "no-such-target"]) == 2
     err = capsys.readouterr().err
-    assert "attnkit doctor: error: doctor target 'no-such-target' is not a preset" in err
+    assert "attnkit doctor: error: target 'no-such-target' is not a preset" in err
     assert "check the spelling or the path" in err and "--debug" in err
     assert "Traceback" not in err
 

@@ -37,15 +37,6 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
-def metrics_file(target: str) -> Path | None:
-    """The ``metrics.jsonl`` of a run folder, or of the run a checkpoint folder belongs to."""
-    path = Path(target)
-    for folder in (path, *path.parents[:2]):
-        if (folder / "metrics.jsonl").is_file():
-            return folder / "metrics.jsonl"
-    return None
-
-
 def run(args) -> int:
     import time
 
@@ -53,18 +44,20 @@ def run(args) -> int:
 
     from attnkit.diagnostics.report import MAX_TOKENS, check_length, report, shown, tokenize
     from attnkit.diagnostics.report.encode import human_bytes
-    from attnkit.diagnostics.targets import load_target
+    from attnkit.runs import locate, open_source
 
-    metrics = metrics_file(args.target)
-    out = args.out or (Path(args.target) / "report.html" if metrics is not None and Path(args.target).is_dir()
+    target = locate(args.target)
+    metrics = target.metrics
+    out = args.out or (target.path / "report.html" if metrics is not None and target.path.is_dir()
                        else Path("attention_report.html"))
     check_out(out, args.overwrite)  # before the model loads: a typo costs nothing
     torch.manual_seed(args.seed)
     start = time.perf_counter()
-    model, fresh = load_target(args.target, encoder=args.encoder)
+    source = open_source(target, encoder=args.encoder)
+    model, fresh = source.model, source.fresh
     title = args.title or f"attnkit report: {args.target}"
     max_tokens = MAX_TOKENS if args.max_tokens is None else args.max_tokens
-    ids, labels = tokenize(model, args.text, _run_tokenizer(args.target)) if args.text else (args.text, None)
+    ids, labels = tokenize(model, args.text, source.saved_hf_tokenizer) if args.text else (args.text, None)
     if args.text:
         check_length(ids.shape[1], max_tokens)  # before the doctor runs
     loaded = time.perf_counter()
@@ -104,11 +97,3 @@ def check_out(out: Path, overwrite: bool) -> None:
         if f'content="{CSP}"'.encode() not in head:
             raise AttnkitValueError(f"--out {str(out)!r} exists and is not an attnkit report; pick another --out, or "
                                     "pass --overwrite to replace it.")
-
-
-def _run_tokenizer(target: str):
-    """The Hugging Face tokenizer saved with a converted run (``attnkit convert``), else None (bytes)."""
-    from attnkit.integrations.runs import run_tokenizer
-
-    found = run_tokenizer(target) if Path(target).is_dir() else None
-    return None if found is None else found.hf

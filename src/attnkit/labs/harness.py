@@ -29,8 +29,8 @@ from torch import nn
 
 from attnkit.models.builders import build_lm
 from attnkit.training.data import ByteTokenizer, stdlib_files
-from attnkit.training.loop import param_groups
 from attnkit.training.schedule import lr_at
+from attnkit.training.steps import param_groups
 
 IGNORE = -100
 Sampler = Callable[[torch.Generator], tuple[torch.Tensor, torch.Tensor]]  # g -> (inputs, targets) (B, L)
