@@ -5,7 +5,8 @@ Suites are discovered, like commands, checks and labs: every module of this pack
 dashes), with its ``SUMMARY`` (or the first line of its docstring) as its help. A suite whose results can be
 redrawn without re-running defines ``replot(payload, results_path) -> list[Path]``: ``attnkit bench plots``
 hands it every results file whose ``benchmark`` is the suite's name or starts with it and ``_``. Adding a suite
-is adding a file; nothing lists them, and no suite imports another.
+is adding a file; nothing lists them, and suites share only the helpers (``common``, ``plots.line_panels``):
+no bench module imports one that imports it back (tests/bench checks the import graph).
 """
 
 from __future__ import annotations
