@@ -263,3 +263,12 @@ def test_every_built_in_backend_ranks_by_signature():
     assert not missing, f"{missing} turn auto's memo off for every call"
     q = torch.randn(1, 2, 4, 8)
     assert registry._choice_key(_validation.build_call(q, q, q)) is not None
+
+
+def test_a_folded_decode_call_compiles_into_one_graph():
+    """Under torch.compile nothing is memoised and the fold traces: fullgraph=True raises on any graph break."""
+    q, k, v = torch.randn(1, 8, 3, 16), torch.randn(1, 2, 20, 16), torch.randn(1, 2, 20, 16)
+    compiled = torch.compile(lambda q, k, v: ak.attention(q, k, v, M.causal()), fullgraph=True)
+    out = compiled(q, k, v)
+    golden = reference_attention(q.double(), k.double(), v.double(), M.causal())
+    assert_within_rule(out, reference_attention(q, k, v, M.causal()), golden)
