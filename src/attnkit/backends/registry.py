@@ -63,8 +63,9 @@ def unregister(name: str) -> Backend:
     if name == "math":
         raise AttnkitValueError("backend 'math' can't be unregistered: it is the fallback that serves every call.")
     get(name)
+    backend = _REGISTRY.pop(name)
     _invalidate()
-    return _REGISTRY.pop(name)
+    return backend
 
 
 for _backend in (SDPABackend(), BlockSparseBackend(), FlexBackend(), MathBackend()):

@@ -23,8 +23,9 @@ from attnkit.backends.base import Rank, skippable_structure
 from attnkit.functional.reference import propagate_nan_queries
 from attnkit.masks import Causal
 
-#: GQA calls with at most this many queries run folded (see the module docstring): in our runs on CPU (2 cores,
-#: torch 2.13) 1.0-1.5x faster than ``enable_gqa`` for one query, fp32 and bf16, up to 8192 keys
+#: GQA calls with at most this many queries run folded (see the module docstring). Measured in isolation on a
+#: 2-core Xeon, torch 2.13, one query, 8/2 heads: fp32 1.1x (512 keys) to 1.5-2.2x (4096) the speed of
+#: ``enable_gqa``; bf16 1.0x at 512 and 0.9x once at 4096 (noisy); 1.3-1.8x with 4 queries (``bench dispatch``)
 FOLD_MAX_QUERIES = 16
 
 
@@ -70,6 +71,8 @@ class SDPABackend:
             parts += " (causal with explicit positions or Lq != Lk can't use SDPA's top-left is_causal)"
         if call.bias is not None:
             parts += "; bias materialised as a (B, H, Lq, Lk) float tensor"
+        if call.num_kv_heads != call.num_heads and _foldable(call, mode == "causal", _mask_heads(call)):
+            parts += "; GQA folded: the query heads of one KV head run as rows of it (no repeated keys)"
         if call.dropout_p > 0 and call.q.device.type == "cpu":
             parts += "; dropout_p > 0 makes SDPA fall back to its math path on CPU"
         return parts
@@ -83,7 +86,7 @@ class SDPABackend:
             bias = call.bias.materialize(*call.positions()) if isinstance(call.bias, StructuredBias) else call.bias
             bias = bias.to(_bias_dtype(call.q))
             attn_mask = bias if attn_mask is None else bias.masked_fill(~attn_mask, float("-inf"))
-        if call.num_kv_heads != call.num_heads and _foldable(call, is_causal, attn_mask):
+        if call.num_kv_heads != call.num_heads and _foldable(call, is_causal, _mask_heads(call)):
             out = _folded(call, attn_mask)  # (B, H, Lq, Dv)
         else:
             out = F.scaled_dot_product_attention(
@@ -103,11 +106,16 @@ def _bias_dtype(q: torch.Tensor) -> torch.dtype:
     return torch.promote_types(q.dtype, torch.float32) if q.device.type == "cpu" else q.dtype
 
 
-def _foldable(call: AttentionCall, is_causal: bool, attn_mask: torch.Tensor | None) -> bool:
+def _mask_heads(call: AttentionCall) -> int:
+    """How many heads the call's mask tells apart (1 without a mask, or unless a per-head tensor)."""
+    return 1 if call.prepared is None else call.prepared.heads
+
+
+def _foldable(call: AttentionCall, is_causal: bool, mask_heads: int) -> bool:
     """A decode-sized GQA call whose rows may be regrouped: no is_causal flag (top-left rows would move), no bias
     (per head), no dropout (its random stream would follow the new layout), a mask the same for every head."""
     return (call.q_len <= FOLD_MAX_QUERIES and not is_causal and call.bias is None and call.dropout_p == 0
-            and (attn_mask is None or attn_mask.dim() < 4 or attn_mask.shape[1] == 1))
+            and mask_heads == 1)
 
 
 def _folded(call: AttentionCall, attn_mask: torch.Tensor | None) -> torch.Tensor:
