@@ -17,7 +17,6 @@ from attnkit._checks import number as check_scalar
 from attnkit._checks import position_ids
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
 from attnkit.masks import MaskSpec, PreparedMask, default_positions
-from attnkit.masks.dense import check_default_alignment
 
 
 @dataclass(slots=True)  # built once per call: not frozen (a frozen one costs ~1 us more to build); read-only by convention
@@ -248,8 +247,6 @@ def build_call(q, k, v, mask=None, *, bias=None, scale=None, softcap=None, dropo
     check_mask(mask, shape, q.device)
     if bias is not None:
         check_bias(bias, shape, H)
-    if q_positions is None and Lk > 0 and (getattr(mask, "positional", False) or isinstance(bias, StructuredBias)):
-        check_default_alignment(Lq, Lk, _reads_positions(mask, bias))  # (no key: every row is 0 wherever it sits)
     scale = 1.0 / math.sqrt(D) if scale is None else check_scalar(
         scale, "scale", low=0.0, high=math.inf, low_open=True, fix="omit it for the default 1/sqrt(head_dim).")
     if softcap is not None:
@@ -281,15 +278,6 @@ def build_call(q, k, v, mask=None, *, bias=None, scale=None, softcap=None, dropo
     return AttentionCall(q, k, v, mask, bias, scale, softcap, dropout_p, q_positions, kv_positions,
                          return_weights, prepared, bias is not None and bias_needs_grad(bias, q.device), sinks,
                          tensors_key)
-
-
-def _reads_positions(mask, bias) -> str:
-    """The fix of :func:`check_default_alignment` naming what reads positions (the mask, the bias or both)."""
-    reads = [what for what, on in ((f"mask {mask!r}", getattr(mask, "positional", False)),
-                                   (f"bias {type(bias).__name__}", isinstance(bias, StructuredBias))) if on]
-    verb = "read" if len(reads) > 1 else "reads"
-    return (f"{' and '.join(reads)} {verb} positions; pass q_positions= (and kv_positions=) with the absolute "
-            "positions of this call's tokens")
 
 
 def check_sinks(sinks, num_heads: int, device: torch.device) -> None:

@@ -77,9 +77,6 @@ class PreparedMask:
     last Lq of them).
     """
 
-    #: already bound to its positions: a call needs no default-alignment check for it (MaskSpec.positional)
-    positional = False
-
     def __init__(self, mask: MaskSpec | torch.Tensor, q_positions: torch.Tensor | int,
                  kv_positions: torch.Tensor | int | None = None, batch: int | None = None, *,
                  _default: bool | None = None):
