@@ -29,6 +29,8 @@ from pathlib import Path
 
 from attnkit.bench.common import RESULTS_DIR, write_results
 
+SUMMARY = "end-to-end time of attnkit doctor (tiny, MiniLM, a 12-layer GPT-2), its report and train --overfit"
+
 #: case -> (target seconds on 2 cores, issue 22 item 1)
 TARGETS = {"doctor-tiny": 5.0, "doctor-minilm": 10.0, "doctor-hf12": 30.0, "report-hf12": 30.0, "overfit": 90.0}
 SENTENCE = "Attention weighs every earlier token by how well its key matches the query. "
