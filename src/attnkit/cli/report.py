@@ -33,7 +33,11 @@ def add_parser(sub) -> None:
     p.add_argument("--max-tokens", type=int, default=None,
                    help="longer inputs are refused (default 2048: the report holds 4 L^2 bytes per head and layer)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --out that is not an attnkit report")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --out that is not an attnkit report, or a symbolic link (never its target)")
+    p.add_argument("--compare", default=None, metavar="CKPT",
+                   help="a second checkpoint of the same model (e.g. an earlier step of the run): the page shows its "
+                        "attention beside the target's, head by head")
     p.set_defaults(run=run)
 
 
@@ -51,14 +55,18 @@ def run(args) -> int:
 
     import torch
 
-    from attnkit.diagnostics.report import MAX_TOKENS, check_length, report, shown, tokenize
+    from attnkit.diagnostics.report import MAX_TOKENS, check_length, check_out, report, shown, tokenize
     from attnkit.diagnostics.report.encode import human_bytes
+    from attnkit.diagnostics.report.out import check_text
     from attnkit.diagnostics.targets import load_target
 
+    for flag in ("target", "text", "title", "compare", "out"):  # undecodable bytes: one typed line, no traceback
+        if getattr(args, flag) is not None:
+            check_text(f"--{flag}" if flag != "target" else "TARGET", str(getattr(args, flag)))
     metrics = metrics_file(args.target)
     out = args.out or (Path(args.target) / "report.html" if metrics is not None and Path(args.target).is_dir()
                        else Path("attention_report.html"))
-    check_out(out, args.overwrite)  # before the model loads: a typo costs nothing
+    check_out(out, args.overwrite)  # the library's rules, before the model loads: a typo costs nothing
     torch.manual_seed(args.seed)
     start = time.perf_counter()
     model, fresh = load_target(args.target, encoder=args.encoder)
@@ -74,9 +82,13 @@ def run(args) -> int:
 
         doctor = examine(model, fresh=fresh, name=title).to_dict()
         doctor_s = time.perf_counter() - loaded
-    path = report(model, ids, labels=labels, out=out, doctor=doctor, fresh=fresh, metrics=metrics, title=title,
-                  dense_max=args.dense_max, top_k=args.top_k,
-                  max_tokens=max_tokens)
+    compare = None
+    if args.compare is not None:
+        torch.manual_seed(args.seed)
+        compare, _ = load_target(args.compare, encoder=args.encoder)
+    path = report(model, ids, labels=labels, out=out, overwrite=args.overwrite, doctor=doctor, fresh=fresh,
+                  metrics=metrics, title=title, dense_max=args.dense_max, top_k=args.top_k, max_tokens=max_tokens,
+                  compare=compare, names=(args.target, args.compare or "compare"))
     done = time.perf_counter()
     print(f"shown: {shown(ids.shape[1], args.dense_max, args.top_k)}")
     print(f"time: {done - start:.1f} s (loading {loaded - start:.1f} s, "
@@ -84,26 +96,6 @@ def run(args) -> int:
           + f"attention and page {done - loaded - doctor_s:.1f} s)")
     print(f"wrote {path} ({human_bytes(path.stat().st_size)}); open it in a browser: {path.resolve().as_uri()}")
     return 0
-
-
-def check_out(out: Path, overwrite: bool) -> None:
-    """Refuse an ``--out`` that would destroy something: a folder, a name without ``.html``, or an existing file
-    that is not an attnkit report (a model's weights, a config) unless ``overwrite``. An earlier report is
-    replaced."""
-    from attnkit.diagnostics.report.page import CSP
-    from attnkit.errors import AttnkitValueError
-
-    if out.is_dir():
-        raise AttnkitValueError(f"--out {str(out)!r} is a folder; give a file name such as {str(out / 'report.html')!r}.")
-    if out.suffix.lower() not in (".html", ".htm"):
-        raise AttnkitValueError(f"--out {str(out)!r} does not end in .html; the report is an HTML page: use e.g. "
-                                f"{str(out.with_suffix('.html'))!r}.")
-    if out.exists() and not overwrite:
-        with open(out, "rb") as f:
-            head = f.read(4096)
-        if f'content="{CSP}"'.encode() not in head:
-            raise AttnkitValueError(f"--out {str(out)!r} exists and is not an attnkit report; pick another --out, or "
-                                    "pass --overwrite to replace it.")
 
 
 def _run_tokenizer(target: str):

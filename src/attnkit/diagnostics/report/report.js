@@ -33,12 +33,13 @@
   const FORBID = [[168, 168, 168], [196, 196, 196]];
 
   // ---- weights: one decoded (L, L) Float32Array per head; the last few are kept (16 MiB each at 2048 tokens)
+  // (which = 1: the compared checkpoint's head, META.compare)
   const cache = new Map(), CACHE_HEADS = 8;
-  function headData(l, h) {
-    const key = l * 100000 + h;
+  function headData(l, h, which = 0) {
+    const key = (which * 10000 + l) * 100000 + h;
     if (cache.has(key)) { const hit = cache.get(key); cache.delete(key); cache.set(key, hit); return hit; }
     if (cache.size >= CACHE_HEADS) cache.delete(cache.keys().next().value);
-    const hd = META.layers[l].heads[h], w = new Float32Array(L * L);
+    const hd = which ? META.compare.heads[l][h] : META.layers[l].heads[h], w = new Float32Array(L * L);
     let rest = null;
     if (hd.fmt === "dense") {
       const q = u8(hd.w);
@@ -92,7 +93,10 @@
     const row = document.createElement("div");
     row.className = "layer-row"; row.dataset.layer = l;
     const name = document.createElement("div");
-    name.className = "lname"; name.textContent = `L${l} ${layer.name}`; name.title = layer.name;
+    name.className = "lname"; name.title = layer.name;
+    const num = document.createElement("b"), full = document.createElement("span");
+    num.textContent = `L${l}`; full.textContent = layer.name;  // the whole name, wrapped: never cut off
+    name.append(num, full);
     row.appendChild(name);
     const groups = document.createElement("div");
     groups.className = "groups";
@@ -126,14 +130,17 @@
 
   // ---- the heatmap viewer
   const heat = $("heatmap"), overlay = $("overlay"), xl = $("xlabels"), yl = $("ylabels"), cbar = $("colorbar");
-  const SIZE = Math.max(420, Math.min(720, L * 14)), DPR = window.devicePixelRatio || 1;
+  // the heatmap fits the viewer's width (labels 96 px, colour bar 72 px, gaps): no horizontal scrollbar
+  const room = $("viewer").clientWidth - 96 - 72 - 48;
+  const SIZE = Math.max(240, Math.min(720, L * 14, room)), DPR = window.devicePixelRatio || 1;
   heat.width = L; heat.height = L; heat.style.width = heat.style.height = SIZE + "px";
   overlay.width = overlay.height = Math.round(SIZE * DPR); overlay.style.width = overlay.style.height = SIZE + "px";
   const state = { layer: 0, head: 0, row: null, col: null };
 
-  function drawHeat() {
-    const { w, max } = headData(state.layer, state.head), mask = $("show-mask").checked ? maskOf(state.layer, state.head) : null;
-    const ctx = heat.getContext("2d"), img = ctx.createImageData(L, L), d = img.data;
+  // paint one (L, L) head on a canvas of L x L pixels: colour per weight, forbidden cells hatched
+  function paint(canvas, w, max, mask) {
+    canvas.width = L; canvas.height = L;
+    const ctx = canvas.getContext("2d"), img = ctx.createImageData(L, L), d = img.data;
     for (let i = 0; i < L; i++) for (let j = 0; j < L; j++) {
       const p = i * L + j;
       let c;
@@ -142,7 +149,39 @@
       d[4 * p] = c[0]; d[4 * p + 1] = c[1]; d[4 * p + 2] = c[2]; d[4 * p + 3] = 255;
     }
     ctx.putImageData(img, 0, 0);
+  }
+  const shownMask = () => ($("show-mask").checked ? maskOf(state.layer, state.head) : null);
+  function drawHeat() {
+    const { w, max } = headData(state.layer, state.head);
+    paint(heat, w, max, shownMask());
     drawColorbar(max);
+    drawCompare();
+  }
+
+  // ---- comparison with a second checkpoint (META.compare): both heads on one scale, and their difference
+  function drawCompare() {
+    if (!META.compare) return;
+    const a = headData(state.layer, state.head), b = headData(state.layer, state.head, 1), mask = shownMask();
+    const max = Math.max(a.max, b.max), CS = Math.max(200, Math.min(380, L * 8));
+    for (const [id, d] of [["compare-a", a], ["compare-b", b]]) {
+      const c = $(id); paint(c, d.w, max, mask); c.style.width = c.style.height = CS + "px";
+    }
+    const c = $("compare-diff"), ctx = (c.width = L, c.height = L, c.getContext("2d")), img = ctx.createImageData(L, L);
+    let diffSum = 0;
+    for (let p = 0; p < L * L; p++) {
+      const dv = b.w[p] - a.w[p], t = Math.min(1, Math.sqrt(Math.abs(dv)));
+      diffSum += Math.abs(dv);
+      const forbidden = mask !== null && !mask[p];
+      const rgb = forbidden ? FORBID[0] : dv >= 0 ? [255, Math.round(255 * (1 - t)), Math.round(255 * (1 - t))]
+                                                   : [Math.round(255 * (1 - t)), Math.round(255 * (1 - t)), 255];
+      img.data.set([...rgb, 255], 4 * p);
+    }
+    ctx.putImageData(img, 0, 0); c.style.width = c.style.height = CS + "px";
+    const names = META.names, vb = META.compare.verdicts[state.layer][state.head];
+    $("compare-facts").textContent = `layer ${state.layer} (${META.layers[state.layer].name}), head ${state.head}: ` +
+      `verdict ${META.verdicts[state.layer][state.head]} in ${names[0]}, ${vb} in ${names[1]}; ` +
+      `mean |difference| per query row ${(diffSum / L).toFixed(3)} (of at most 2)`;
+    $("compare-section").dataset.layer = state.layer; $("compare-section").dataset.head = state.head;
   }
 
   function drawLabels() {
@@ -206,13 +245,55 @@
     let text = `query ${i} ${JSON.stringify(LABELS[i])} -> key ${j} ${JSON.stringify(LABELS[j])}: `;
     if (!allowed) text += "forbidden by the mask";
     else if (topk && w[i * L + j] === 0) text += `not in this row's top-${topk} (row mass left out: ${rest[i].toFixed(3)})`;
-    else text += `p = ${w[i * L + j].toFixed(4)}`;
+    else text += `p = ${w[i * L + j].toFixed(3)} (stored to \u00b1${(STEP / 2).toFixed(3)})`;
     return text;
   }
 
+  // ---- head view: lines from each query token (left) to the keys it attends to (right), opacity = weight
+  const hv = $("headview"), SVGNS = hv.namespaceURI, ROW = 18, HV_W = 560, XL = 200, XR = 360;
+  const HV_ALL_MAX = 96;  // longer inputs draw the lines of the chosen query only (L^2 lines would be too many)
+  function svgEl(tag, attrs, text) {
+    const e = document.createElementNS(SVGNS, tag);
+    for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+    if (text !== undefined) e.textContent = text;
+    return e;
+  }
+  function drawHeadView() {
+    const { w } = headData(state.layer, state.head), q = state.row, H = L * ROW + 8;
+    hv.setAttribute("width", HV_W); hv.setAttribute("height", H); hv.setAttribute("viewBox", `0 0 ${HV_W} ${H}`);
+    hv.replaceChildren();
+    const lines = svgEl("g", { class: "hv-lines" });
+    const rows = q !== null ? [q] : L <= HV_ALL_MAX ? [...Array(L).keys()] : [];
+    for (const i of rows) for (let j = 0; j < L; j++) {
+      const p = w[i * L + j];
+      if (p < (q !== null ? STEP : 0.02)) continue;
+      lines.appendChild(svgEl("line", { x1: XL, y1: i * ROW + ROW / 2 + 4, x2: XR, y2: j * ROW + ROW / 2 + 4,
+        stroke: "#2c7fb8", "stroke-width": 2, "stroke-opacity": p.toFixed(3), "data-q": i, "data-k": j }));
+    }
+    hv.appendChild(lines);
+    for (let i = 0; i < L; i++) {
+      const y = i * ROW + ROW / 2 + 8, lab = LABELS[i].length > 24 ? LABELS[i].slice(0, 23) + "\u2026" : LABELS[i];
+      const left = svgEl("text", { x: XL - 8, y, "text-anchor": "end", class: "hv-q" + (i === q ? " on" : ""), "data-i": i }, lab);
+      const right = svgEl("text", { x: XR + 8, y, class: "hv-k", "data-i": i,
+        "fill-opacity": q === null ? 1 : Math.max(0.25, Math.min(1, Math.sqrt(w[q * L + i]) * 1.5)).toFixed(3) }, lab);
+      left.appendChild(svgEl("title", {}, `${LABELS[i]} (token ${i})`));
+      hv.append(left, right);
+    }
+    hv.dataset.layer = state.layer; hv.dataset.head = state.head; hv.dataset.query = q === null ? "" : q;
+    if (q === null && L > HV_ALL_MAX) hv.appendChild(svgEl("text", { x: XL + 8, y: 14, class: "hv-note" },
+      `${L} tokens: hover a token`));
+  }
+  hv.addEventListener("mouseover", (e) => {
+    const i = e.target.classList && e.target.classList.contains("hv-q") ? e.target.dataset.i : undefined;
+    if (i !== undefined && +i !== state.row) highlight(+i, +i, `token ${i} ${JSON.stringify(LABELS[+i])}: its lines`);
+  });
+  hv.addEventListener("mouseleave", () => highlight(null, null));
+
   function highlight(row, col, text) {
+    const redraw = row !== state.row;
     state.row = row; state.col = col;
     drawOverlay(); tint();
+    if (redraw) drawHeadView();
     $("tooltip").textContent = text || "";
   }
 
@@ -237,8 +318,10 @@
       `mean distance ${fmt(m.distance)}; previous token ${fmt(m.prev_token)}; masked mass ${fmt(m.masked_mass, 1)}`;
     heat.dataset.layer = l; heat.dataset.head = h;
     for (const t of thumbs) t.classList.toggle("selected", +t.dataset.layer === l && +t.dataset.head === h);
-    drawHeat(); drawOverlay(); tint();
+    drawHeat(); drawOverlay(); tint(); drawHeadView();
   }
+  for (const td of document.querySelectorAll("#importance td[data-head]"))
+    td.addEventListener("click", () => open(+td.dataset.layer, +td.dataset.head));
   $("scale").addEventListener("change", drawHeat);
   $("show-mask").addEventListener("change", drawHeat);
 
@@ -312,6 +395,7 @@
   window.attnkit = {
     ready: true, tti_ms: performance.now(), L, state, open, highlight, sortBy,
     weight: (l, h, i, j) => headData(l, h).w[i * L + j],
+    compareWeight: (l, h, i, j) => headData(l, h, 1).w[i * L + j],
     allowed: (l, h, i, j) => { const m = maskOf(l, h); return m === null || m[i * L + j] === 1; },
   };
   document.body.dataset.ready = "1";
