@@ -30,9 +30,8 @@ def check_text(name: str, value: str) -> str:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
-        shown = value.encode("utf-8", "backslashreplace").decode("ascii", "backslashreplace")
-        raise AttnkitValueError(f"{name} {shown!r} is not valid UTF-8 (byte {exc.object[exc.start:exc.end]!r} at "
-                                f"{exc.start}); pass it as UTF-8 text.") from None
+        raise AttnkitValueError(f"{name} {value!r} is not valid UTF-8 (byte {exc.object[exc.start:exc.end]!r} at "
+                                f"{exc.start}: an undecodable byte); pass it as UTF-8 text.") from None
     return value
 
 
