@@ -280,7 +280,8 @@ def render(data: Collected, *, title: str, facts: str, doctor: dict | None = Non
     return TEMPLATE.format(
         csp=CSP, title=html.escape(title), facts=html.escape(facts),
         warning=f'<p class="banner" id="length-warning">{html.escape(warning)}</p>' if warning else "",
-        compare=compare_html, importance=importance_html(importance, [layer.name for layer in data.layers]), css=_asset("report.css"), js=_asset("report.js"),
+        compare=compare_html, importance=importance_html(importance, [layer.name for layer in data.layers]),
+        css=_asset("report.css"), js=_asset("report.js"),
         sparse_note=sparse_note, gqa_note=", query heads boxed by the KV head they share" if gqa else "",
         mask_note=html.escape(data.mask_note), collapsed=thresholds.collapsed_max_prob,
         uniform=thresholds.uniform_norm_entropy, doctor=doctor_html(doctor),
