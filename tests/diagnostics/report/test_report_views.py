@@ -100,7 +100,8 @@ def test_head_view_draws_a_line_per_weight_of_the_hovered_token(page, views):
     from PIL import Image
 
     img = np.asarray(Image.open(BytesIO(png)).convert("RGB")).astype(int)
-    x = (200 + 360) // 2
+    xl, xr = (int(hv.get_attribute(f"data-{a}")) for a in ("xl", "xr"))
+    x = (xl + xr) // 2
     y = round(((i + 0.5) * 18 + 4 + (k + 0.5) * 18 + 4) / 2)
     patch = img[y - 2:y + 3, x - 2:x + 3]
     assert (255 - patch).sum(-1).max() > 60, "no line pixel where the strongest line crosses the middle"
@@ -135,6 +136,14 @@ def test_comparison_shows_both_checkpoints_of_the_open_head(page, views):
                 assert got[i] == w[i, :i + 1].argmax(), (canvas_id, i)
                 checked += 1
         assert checked >= L // 3, canvas_id
+    # the difference map: red where the model (after) attends more than compare (before), blue where less
+    d = after[2][1].numpy() - before[2][1].numpy()
+    rgb = np.array(page.execute_script(
+        "const c = document.getElementById('compare-diff'); return Array.from(c.getContext('2d').getImageData(0, 0, "
+        "c.width, c.height).data);")).reshape(L, L, 4)
+    (i, j), (k, m) = np.unravel_index(d.argmax(), d.shape), np.unravel_index(d.argmin(), d.shape)
+    assert d[i, j] > 0.1 and rgb[i, j, 0] == 255 and rgb[i, j, 2] < 200, rgb[i, j]
+    assert d[k, m] < -0.1 and rgb[k, m, 2] == 255 and rgb[k, m, 0] < 200, rgb[k, m]
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     (ARTIFACTS / "report_compare.png").write_bytes(section.screenshot_as_png)
 

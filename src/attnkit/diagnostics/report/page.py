@@ -271,11 +271,11 @@ def render(data: Collected, *, title: str, facts: str, doctor: dict | None = Non
     a, b = (html.escape(n) for n in names)
     compare_html = "" if compare is None else (
         f'<section id="compare-section"><h2>Comparison: {a} vs {b}</h2><p class="note">The open head in both '
-        f'checkpoints on the same tokens (same colour scale and mask), and their difference ({b} minus {a}: red where '
-        f'{b} attends more, blue where {a} does).</p><div class="compare">'
+        f'checkpoints on the same tokens (same colour scale and mask), and their difference ({a} minus {b}: red where '
+        f'{a} attends more, blue where {b} does).</p><div class="compare">'
         f'<figure><figcaption>{a}</figcaption><canvas id="compare-a"></canvas></figure>'
         f'<figure><figcaption>{b}</figcaption><canvas id="compare-b"></canvas></figure>'
-        f'<figure><figcaption>{b} &minus; {a}</figcaption><canvas id="compare-diff"></canvas></figure></div>'
+        f'<figure><figcaption>{a} &minus; {b}</figcaption><canvas id="compare-diff"></canvas></figure></div>'
         f'<div id="compare-facts" class="note"></div></section>')
     return TEMPLATE.format(
         csp=CSP, title=html.escape(title), facts=html.escape(facts),

@@ -169,7 +169,7 @@
     const c = $("compare-diff"), ctx = (c.width = L, c.height = L, c.getContext("2d")), img = ctx.createImageData(L, L);
     let diffSum = 0;
     for (let p = 0; p < L * L; p++) {
-      const dv = b.w[p] - a.w[p], t = Math.min(1, Math.sqrt(Math.abs(dv)));
+      const dv = a.w[p] - b.w[p], t = Math.min(1, Math.sqrt(Math.abs(dv)));
       diffSum += Math.abs(dv);
       const forbidden = mask !== null && !mask[p];
       const rgb = forbidden ? FORBID[0] : dv >= 0 ? [255, Math.round(255 * (1 - t)), Math.round(255 * (1 - t))]
@@ -250,7 +250,9 @@
   }
 
   // ---- head view: lines from each query token (left) to the keys it attends to (right), opacity = weight
-  const hv = $("headview"), SVGNS = hv.namespaceURI, ROW = 18, HV_W = 560, XL = 200, XR = 360;
+  const hv = $("headview"), SVGNS = hv.namespaceURI, ROW = 18;
+  const longest = Math.min(24, Math.max(...LABELS.map((s) => s.length)));
+  const XL = 24 + 8 * longest, XR = XL + 220, HV_W = XR + XL;  // label column, lines, label column
   const HV_ALL_MAX = 96;  // longer inputs draw the lines of the chosen query only (L^2 lines would be too many)
   function svgEl(tag, attrs, text) {
     const e = document.createElementNS(SVGNS, tag);
@@ -268,7 +270,7 @@
       const p = w[i * L + j];
       if (p < (q !== null ? STEP : 0.02)) continue;
       lines.appendChild(svgEl("line", { x1: XL, y1: i * ROW + ROW / 2 + 4, x2: XR, y2: j * ROW + ROW / 2 + 4,
-        stroke: "#2c7fb8", "stroke-width": 2, "stroke-opacity": p.toFixed(3), "data-q": i, "data-k": j }));
+        stroke: "#1f5f99", "stroke-width": 2.5, "stroke-opacity": p.toFixed(3), "data-q": i, "data-k": j }));
     }
     hv.appendChild(lines);
     for (let i = 0; i < L; i++) {
@@ -280,6 +282,7 @@
       hv.append(left, right);
     }
     hv.dataset.layer = state.layer; hv.dataset.head = state.head; hv.dataset.query = q === null ? "" : q;
+    hv.dataset.xl = XL; hv.dataset.xr = XR;
     if (q === null && L > HV_ALL_MAX) hv.appendChild(svgEl("text", { x: XL + 8, y: 14, class: "hv-note" },
       `${L} tokens: hover a token`));
   }
