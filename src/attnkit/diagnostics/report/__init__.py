@@ -9,8 +9,13 @@ The page (one file, no network: script, style and data inline) shows the input t
 mask drawn over it (allowed-but-unused is white, forbidden is hatched grey); hovering a token or a cell
 highlights its row (where it attends) and column (what attends to it); a layer / head / verdict filter; a
 sortable per-head metrics table with the collapse/uniform verdicts; the doctor's report; and, for a training
-run, its loss curves and the attention monitor's verdicts. Weights are stored as bytes (step 1/255); beyond
-``dense_max`` tokens each row keeps its ``top_k`` largest weights and states the mass it leaves out.
+run, its loss curves (with the unigram baseline when known) and the attention monitor's verdicts; a head view (lines
+from a token to the tokens it attends to); with ``compare=`` a second checkpoint's heatmap beside the model's and
+their difference; with ``head_importance=`` a layers x heads importance panel. Weights are stored as bytes (step
+1/255); beyond ``dense_max`` tokens each row keeps its ``top_k`` largest weights and states the mass it leaves out.
+
+The returned path (or page) displays inline in Jupyter (:mod:`.display`). Where the page may be written, and how
+(never through a link, atomically) is :mod:`.out`; every string a model or a user controls is escaped (:mod:`.page`).
 """
 
 from __future__ import annotations
