@@ -278,7 +278,7 @@ def render(data: Collected, *, title: str, facts: str, doctor: dict | None = Non
         f'<figure><figcaption>{a} &minus; {b}</figcaption><canvas id="compare-diff"></canvas></figure></div>'
         f'<div id="compare-facts" class="note"></div></section>')
     return TEMPLATE.format(
-        csp=CSP, title=html.escape(title), facts=html.escape(facts),
+        csp=CSP, title=html.escape(title), facts=html.escape(facts, quote=False),
         warning=f'<p class="banner" id="length-warning">{html.escape(warning)}</p>' if warning else "",
         compare=compare_html, importance=importance_html(importance, [layer.name for layer in data.layers]),
         css=_asset("report.css"), js=_asset("report.js"),
