@@ -139,7 +139,7 @@
 
   // paint one (L, L) head on a canvas of L x L pixels: colour per weight, forbidden cells hatched
   function paint(canvas, w, max, mask) {
-    canvas.width = L; canvas.height = L;
+    if (canvas.width !== L || canvas.height !== L) { canvas.width = L; canvas.height = L; }  // (a resize reallocates)
     const ctx = canvas.getContext("2d"), img = ctx.createImageData(L, L), d = img.data;
     for (let i = 0; i < L; i++) for (let j = 0; j < L; j++) {
       const p = i * L + j;
@@ -166,7 +166,9 @@
     for (const [id, d] of [["compare-a", a], ["compare-b", b]]) {
       const c = $(id); paint(c, d.w, max, mask); c.style.width = c.style.height = CS + "px";
     }
-    const c = $("compare-diff"), ctx = (c.width = L, c.height = L, c.getContext("2d")), img = ctx.createImageData(L, L);
+    const c = $("compare-diff");
+    if (c.width !== L || c.height !== L) { c.width = L; c.height = L; }
+    const ctx = c.getContext("2d"), img = ctx.createImageData(L, L);
     let diffSum = 0;
     for (let p = 0; p < L * L; p++) {
       const dv = a.w[p] - b.w[p], t = Math.min(1, Math.sqrt(Math.abs(dv)));
@@ -260,31 +262,38 @@
     if (text !== undefined) e.textContent = text;
     return e;
   }
+  // the token labels are drawn once; each redraw replaces the lines and re-weights the key labels
+  const hvH = L * ROW + 8, hvLines = svgEl("g", { class: "hv-lines" }), hvLeft = [], hvRight = [];
+  hv.setAttribute("width", HV_W); hv.setAttribute("height", hvH); hv.setAttribute("viewBox", `0 0 ${HV_W} ${hvH}`);
+  hv.dataset.xl = XL; hv.dataset.xr = XR;
+  hv.appendChild(hvLines);
+  for (let i = 0; i < L; i++) {
+    const y = i * ROW + ROW / 2 + 8, lab = LABELS[i].length > 24 ? LABELS[i].slice(0, 23) + "\u2026" : LABELS[i];
+    const left = svgEl("text", { x: XL - 8, y, "text-anchor": "end", class: "hv-q", "data-i": i }, lab);
+    left.appendChild(svgEl("title", {}, `${LABELS[i]} (token ${i})`));
+    const right = svgEl("text", { x: XR + 8, y, class: "hv-k", "data-i": i }, lab);
+    hv.append(left, right); hvLeft.push(left); hvRight.push(right);
+  }
+  const hvNote = svgEl("text", { x: XL + 8, y: 14, class: "hv-note" }, `${L} tokens: hover a token`);
+  let hvShown = null;  // the query whose labels are marked (null: none)
   function drawHeadView() {
-    const { w } = headData(state.layer, state.head), q = state.row, H = L * ROW + 8;
-    hv.setAttribute("width", HV_W); hv.setAttribute("height", H); hv.setAttribute("viewBox", `0 0 ${HV_W} ${H}`);
-    hv.replaceChildren();
-    const lines = svgEl("g", { class: "hv-lines" });
+    const { w } = headData(state.layer, state.head), q = state.row, lines = [];
     const rows = q !== null ? [q] : L <= HV_ALL_MAX ? [...Array(L).keys()] : [];
     for (const i of rows) for (let j = 0; j < L; j++) {
       const p = w[i * L + j];
       if (p < (q !== null ? STEP : 0.02)) continue;
-      lines.appendChild(svgEl("line", { x1: XL, y1: i * ROW + ROW / 2 + 4, x2: XR, y2: j * ROW + ROW / 2 + 4,
+      lines.push(svgEl("line", { x1: XL, y1: i * ROW + ROW / 2 + 4, x2: XR, y2: j * ROW + ROW / 2 + 4,
         stroke: "#1f5f99", "stroke-width": 2.5, "stroke-opacity": p.toFixed(3), "data-q": i, "data-k": j }));
     }
-    hv.appendChild(lines);
-    for (let i = 0; i < L; i++) {
-      const y = i * ROW + ROW / 2 + 8, lab = LABELS[i].length > 24 ? LABELS[i].slice(0, 23) + "\u2026" : LABELS[i];
-      const left = svgEl("text", { x: XL - 8, y, "text-anchor": "end", class: "hv-q" + (i === q ? " on" : ""), "data-i": i }, lab);
-      const right = svgEl("text", { x: XR + 8, y, class: "hv-k", "data-i": i,
-        "fill-opacity": q === null ? 1 : Math.max(0.25, Math.min(1, Math.sqrt(w[q * L + i]) * 1.5)).toFixed(3) }, lab);
-      left.appendChild(svgEl("title", {}, `${LABELS[i]} (token ${i})`));
-      hv.append(left, right);
-    }
+    hvLines.replaceChildren(...lines);
+    if (hvShown !== null) hvLeft[hvShown].classList.remove("on");
+    if (q !== null) hvLeft[q].classList.add("on");
+    if (q !== null || hvShown !== null)
+      for (let j = 0; j < L; j++) hvRight[j].setAttribute("fill-opacity",
+        q === null ? 1 : Math.max(0.25, Math.min(1, Math.sqrt(w[q * L + j]) * 1.5)).toFixed(3));
+    hvShown = q;
     hv.dataset.layer = state.layer; hv.dataset.head = state.head; hv.dataset.query = q === null ? "" : q;
-    hv.dataset.xl = XL; hv.dataset.xr = XR;
-    if (q === null && L > HV_ALL_MAX) hv.appendChild(svgEl("text", { x: XL + 8, y: 14, class: "hv-note" },
-      `${L} tokens: hover a token`));
+    if (q === null && L > HV_ALL_MAX) hv.appendChild(hvNote); else hvNote.remove();
   }
   hv.addEventListener("mouseover", (e) => {
     const i = e.target.classList && e.target.classList.contains("hv-q") ? e.target.dataset.i : undefined;
