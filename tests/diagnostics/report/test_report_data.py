@@ -217,3 +217,15 @@ def test_trained_length_warning_only_past_the_configs_length():
     with pytest.warns(UserWarning, match="the text has 129 tokens, more than the 128 TransformerLM was built for"):
         page = ak.diagnostics.report(model, "x" * 129, out=None, doctor=False)
     assert 'id="length-warning"' in page
+
+
+def test_the_real_head_importance_renders_in_the_panel():
+    """``ak.diagnostics.head_importance`` (the heads engineer's) goes into the report as it comes."""
+    model = small_model()
+    tokens, _ = tokenize(model, TEXT)
+    importance = ak.diagnostics.head_importance(model, tokens)
+    page = ak.diagnostics.report(model, TEXT, out=None, doctor=False, head_importance=importance)
+    cells = {(int(l), int(h)): float(s) for l, h, s in
+             re.findall(r'<td data-layer="(\d)" data-head="(\d)" data-score="([^"]+)"', page)}
+    assert cells == {(l, h): float(importance.scores[l, h]) for l in range(3) for h in range(4)}
+    assert f"with every head: {importance.baseline:.4g}" in page and importance.objective in page

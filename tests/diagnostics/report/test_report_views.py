@@ -20,7 +20,7 @@ pytestmark = pytest.mark.filterwarnings("ignore::ResourceWarning")
 
 
 class Importance:
-    """What ``attnkit.diagnostics.ablation.head_importance`` returns (the report only draws it)."""
+    """The shape of what ``ak.diagnostics.head_importance`` returns (the report only draws it)."""
 
     def __init__(self, scores, objective="next-token loss <nats>", ablation="zero", baseline=5.25):
         self.scores, self.objective, self.ablation, self.baseline = scores, objective, ablation, baseline

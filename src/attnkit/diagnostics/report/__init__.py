@@ -184,7 +184,7 @@ def report(model: nn.Module, tokens, *, out: str | Path | None = "attention_repo
         compare: a second checkpoint of the same model (e.g. before training): the page shows its heatmap beside
             the model's for the open head. ``names`` labels the two.
         head_importance: an object with ``.scores`` ``(layers, heads)``, ``.objective``, ``.ablation`` and
-            ``.baseline`` (``attnkit.diagnostics.ablation.head_importance``), drawn as a layers x heads panel.
+            ``.baseline`` (``ak.diagnostics.head_importance``), drawn as a layers x heads panel.
     """
     if not isinstance(model, nn.Module):
         raise AttnkitTypeError(f"report(model=...) must be a torch.nn.Module, got {describe(model)}.")

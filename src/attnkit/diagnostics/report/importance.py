@@ -3,7 +3,8 @@
 The report only draws what it is given: an object with ``.scores`` (layers, heads) floats (e.g. the loss change when
 the head is ablated), ``.objective`` (what was measured, e.g. "next-token loss"), ``.ablation`` (how a head was
 removed, e.g. "zero") and ``.baseline`` (the objective with every head in place), such as
-``attnkit.diagnostics.ablation.head_importance`` returns. Cells are coloured by score (largest = darkest); every
+``ak.diagnostics.head_importance`` (``attnkit.diagnostics.importance``) returns: NaN where a layer has fewer
+heads than the widest one, or did not run. Cells are coloured by score (largest = darkest); every
 string is escaped.
 """
 
@@ -33,7 +34,7 @@ def importance_panel(obj) -> Importance | None:
     missing = [a for a in ("scores", "objective", "ablation", "baseline") if not hasattr(obj, a)]
     if missing:
         raise AttnkitTypeError(f"head_importance must have .scores (layers, heads), .objective, .ablation and .baseline "
-                               f"(attnkit.diagnostics.ablation.head_importance returns one); {describe(obj)} lacks "
+                               f"(ak.diagnostics.head_importance returns one); {describe(obj)} lacks "
                                f"{', '.join('.' + m for m in missing)}.")
     scores = obj.scores
     scores = scores.tolist() if hasattr(scores, "tolist") else scores
@@ -50,12 +51,13 @@ def importance_panel(obj) -> Importance | None:
 
 
 def check_importance_shape(importance: Importance, data) -> None:
-    """The scores must have one row per attention layer and one column per query head of the report's model."""
-    want = [layer.num_heads for layer in data.layers]
-    got = [len(r) for r in importance.scores]
-    if got != want:
-        raise AttnkitValueError(f"head_importance.scores has shape ({len(got)}, {got[0]}) but the model has "
-                                f"{len(want)} attention layers with {want} heads; compute it on the same model.")
+    """The scores must have one row per attention layer and one column per query head of the report's widest layer
+    (narrower layers' extra columns are NaN, as ``head_importance`` writes them)."""
+    heads = [layer.num_heads for layer in data.layers]
+    rows, width = len(importance.scores), len(importance.scores[0])
+    if (rows, width) != (len(heads), max(heads)):
+        raise AttnkitValueError(f"head_importance.scores has shape ({rows}, {width}) but the model has {len(heads)} "
+                                f"attention layers with {heads} heads; compute it on the same model.")
 
 
 def _colour(t: float) -> str:
