@@ -38,6 +38,9 @@ def add_parser(sub) -> None:
     p.add_argument("--compare", default=None, metavar="CKPT",
                    help="a second checkpoint of the same model (e.g. an earlier step of the run): the page shows its "
                         "attention beside the target's, head by head")
+    p.add_argument("--heads", choices=["zero", "mean"], default=None, metavar="ABLATION",
+                   help="add the head-importance panel: each head removed in turn (zero or mean ablation), the loss "
+                        "change on the text (as `attnkit heads`; one forward per head)")
     p.set_defaults(run=run)
 
 
@@ -82,20 +85,37 @@ def run(args) -> int:
 
         doctor = examine(model, fresh=fresh, name=title).to_dict()
         doctor_s = time.perf_counter() - loaded
-    compare = None
-    if args.compare is not None:
-        torch.manual_seed(args.seed)
-        compare, _ = load_target(args.compare, encoder=args.encoder)
+    compare, importance, extra_s = _extras(args, model, ids)
     path = report(model, ids, labels=labels, out=out, overwrite=args.overwrite, doctor=doctor, fresh=fresh,
                   metrics=metrics, title=title, dense_max=args.dense_max, top_k=args.top_k, max_tokens=max_tokens,
-                  compare=compare, names=(args.target, args.compare or "compare"))
+                  compare=compare, names=(args.target, args.compare or "compare"), head_importance=importance)
     done = time.perf_counter()
     print(f"shown: {shown(ids.shape[1], args.dense_max, args.top_k)}")
     print(f"time: {done - start:.1f} s (loading {loaded - start:.1f} s, "
           + (f"doctor {doctor_s:.1f} s (--no-doctor leaves it out), " if doctor else "")
-          + f"attention and page {done - loaded - doctor_s:.1f} s)")
+          + (f"compare and heads {extra_s:.1f} s, " if extra_s else "")
+          + f"attention and page {done - loaded - doctor_s - extra_s:.1f} s)")
     print(f"wrote {path} ({human_bytes(path.stat().st_size)}); open it in a browser: {path.resolve().as_uri()}")
     return 0
+
+
+def _extras(args, model, ids):
+    """``(compare model or None, head importance or None, seconds)``: what ``--compare`` and ``--heads`` add."""
+    import time
+
+    import torch
+
+    from attnkit.diagnostics.targets import load_target
+
+    start, compare, importance = time.perf_counter(), None, None
+    if args.compare is not None:
+        torch.manual_seed(args.seed)
+        compare, _ = load_target(args.compare, encoder=args.encoder)
+    if args.heads is not None:
+        from attnkit.diagnostics.importance import head_importance
+
+        importance = head_importance(model, ids, ablation=args.heads)
+    return compare, importance, (time.perf_counter() - start if compare is not None or importance is not None else 0.0)
 
 
 def _run_tokenizer(target: str):

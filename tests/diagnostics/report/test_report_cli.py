@@ -137,3 +137,25 @@ def test_report_compare_refuses_a_model_of_another_shape(tmp_path, capsys):
                  str(tmp_path / "r.html")]) == 2
     assert "compare has other attention layers than model" in capsys.readouterr().err
     assert not (tmp_path / "r.html").exists()
+
+
+def test_report_heads_adds_the_importance_panel(tmp_path, capsys):
+    """``--heads zero``: the panel holds ``ak.diagnostics.head_importance`` of the target on the same tokens."""
+    import re
+
+    import torch
+
+    import attnkit as ak
+    from attnkit.diagnostics.report import tokenize
+    from attnkit.models.builders import build_lm
+
+    out = tmp_path / "heads.html"
+    assert main(["report", "nano", "--heads", "zero", "--text", "hello there", "--no-doctor", "--out", str(out)]) == 0
+    assert "compare and heads " in capsys.readouterr().out
+    torch.manual_seed(0)  # the CLI's --seed 0: the same fresh weights
+    model = build_lm("nano").eval()
+    tokens, _ = tokenize(model, "hello there")
+    want = ak.diagnostics.head_importance(model, tokens, ablation="zero").scores
+    cells = {(int(l), int(h)): float(s) for l, h, s in
+             re.findall(r'<td data-layer="(\d)" data-head="(\d)" data-score="([^"]+)"', out.read_text())}
+    assert cells == {(l, h): float(want[l, h]) for l in range(2) for h in range(2)}
