@@ -72,6 +72,7 @@ def test_the_example_notebook_runs_and_its_output_page_works(browser, tmp_path):
         assert browser.find_element("css selector", "#compare-section h2").text == \
             "Comparison: after 40 steps vs before training"
         assert browser.find_elements("css selector", "#headview line")
+        assert len(browser.find_elements("css selector", "#importance td[data-score]")) == 2 * 2
         assert browser.execute_script("return performance.getEntriesByType('resource').length") == 0
     finally:
         browser.switch_to.default_content()
