@@ -110,7 +110,7 @@ def _polyline_svg(series: dict[str, list[tuple[float, float]]], title: str, ylab
     pts = [p for s in series.values() for p in s]
     if not pts:
         return ""
-    W, H, pad_l, pad_b, pad_t, pad_r = 560, 260, 58, 34, 26, 150
+    W, H, pad_l, pad_b, pad_t, pad_r = 600, 260, 58, 34, 26, 175
     xs, ys = [p[0] for p in pts], [p[1] for p in pts] + ([hline[1]] if hline else [])
     x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
     x1, y1 = (x1 if x1 > x0 else x0 + 1), (y1 if y1 > y0 else y0 + 1)
