@@ -229,3 +229,12 @@ def test_the_real_head_importance_renders_in_the_panel():
              re.findall(r'<td data-layer="(\d)" data-head="(\d)" data-score="([^"]+)"', page)}
     assert cells == {(l, h): float(importance.scores[l, h]) for l in range(3) for h in range(4)}
     assert f"with every head: {importance.baseline:.4g}" in page and importance.objective in page
+
+
+def test_compare_with_another_mask_is_refused():
+    """The page draws both checkpoints with the model's mask, so a compare model masked otherwise is refused."""
+    from attnkit.models.builders import build_lm
+
+    windowed = build_lm("nano", window=2).eval()
+    with pytest.raises(ValueError, match=re.escape("compare's attention mask in blocks.0.attn differs from model's")):
+        ak.diagnostics.report(_nano(), "hello there", out=None, doctor=False, compare=windowed)

@@ -149,6 +149,10 @@ def _collect_compare(compare: nn.Module, ids: torch.Tensor, labels: list[str], d
     if shape_a != shape_b:
         raise AttnkitValueError(f"compare has other attention layers than model ({shape_b} vs {shape_a}, as (layer, "
                                 "heads)); compare two checkpoints of one model (e.g. before and after training).")
+    for a, b in zip(data.layers, other.layers):  # the page draws both with the model's mask: it must be theirs
+        if (a.allowed is None) != (b.allowed is None) or (a.allowed is not None and not torch.equal(a.allowed, b.allowed)):
+            raise AttnkitValueError(f"compare's attention mask in {b.name} differs from model's on the same tokens; "
+                                    "compare two checkpoints of one model (same mask, window and positions).")
     return other
 
 
