@@ -156,6 +156,37 @@ def _collect_compare(compare: nn.Module, ids: torch.Tensor, labels: list[str], d
     return other
 
 
+def _check_options(model, tokens, title, doctor, names, **positive) -> bool | dict:
+    """Refuse bad arguments before anything runs; returns ``doctor`` as True, False or a dict."""
+    if not isinstance(model, nn.Module):
+        raise AttnkitTypeError(f"report(model=...) must be a torch.nn.Module, got {describe(model)}.")
+    hints = {"top_k": "weights kept per row past dense_max; e.g. 32", "dense_max": "longest input stored densely; e.g. 512",
+             "max_tokens": f"longest input accepted; default {MAX_TOKENS}"}
+    for name, value in positive.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise AttnkitValueError(f"{name} must be a positive int ({hints[name]}), got {describe(value)}.")
+    if doctor is not True and doctor is not False and not isinstance(doctor, dict):
+        doctor = doctor.to_dict() if hasattr(doctor, "to_dict") else doctor
+        if not isinstance(doctor, dict):
+            raise AttnkitTypeError(f"doctor must be True, False, a doctor Report or its to_dict(), got {describe(doctor)}.")
+    for name, value in (("title", title), ("tokens", tokens)):
+        if isinstance(value, str):
+            check_text(name, value)
+    if not (isinstance(names, (tuple, list)) and len(names) == 2 and all(isinstance(n, str) for n in names)):
+        raise AttnkitTypeError(f"names must be two strings (the model's and compare's), got {describe(names)}.")
+    return doctor
+
+
+def _facts(model: nn.Module, data: Collected) -> str:
+    """The header line: the model's class, layers x heads (KV heads), parameters, tokens, where the weights came from."""
+    n_params = sum(p.numel() for p in model.parameters())
+    first = data.layers[0]
+    return (f"{type(model).__name__}: {len(data.layers)} layers x {first.num_heads} heads"
+            + (f" ({first.kv_heads} KV heads)" if first.kv_heads != first.num_heads else "")
+            + f", {n_params / 1e6:.2f} M parameters; {len(data.labels)} tokens; weights from {data.source}; "
+            f"written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by attnkit")
+
+
 def report(model: nn.Module, tokens, *, out: str | Path | None = "attention_report.html", overwrite: bool = False,
            labels=None, tokenizer=None, title: str | None = None, doctor: bool | dict = True, fresh: bool | None = None,
            metrics: str | Path | list | None = None, dense_max: int = 512, top_k: int = 32,
@@ -190,24 +221,10 @@ def report(model: nn.Module, tokens, *, out: str | Path | None = "attention_repo
         head_importance: an object with ``.scores`` ``(layers, heads)``, ``.objective``, ``.ablation`` and
             ``.baseline`` (``ak.diagnostics.head_importance``), drawn as a layers x heads panel.
     """
-    if not isinstance(model, nn.Module):
-        raise AttnkitTypeError(f"report(model=...) must be a torch.nn.Module, got {describe(model)}.")
-    for name, value, hint in (("top_k", top_k, "weights kept per row past dense_max; e.g. 32"),
-                              ("dense_max", dense_max, "longest input stored densely; e.g. 512"),
-                              ("max_tokens", max_tokens, f"longest input accepted; default {MAX_TOKENS}")):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise AttnkitValueError(f"{name} must be a positive int ({hint}), got {describe(value)}.")
-    if doctor is not True and doctor is not False and not isinstance(doctor, dict):
-        doctor = doctor.to_dict() if hasattr(doctor, "to_dict") else doctor
-        if not isinstance(doctor, dict):
-            raise AttnkitTypeError(f"doctor must be True, False, a doctor Report or its to_dict(), got {describe(doctor)}.")
+    doctor = _check_options(model, tokens, title, doctor, names, top_k=top_k, dense_max=dense_max,
+                            max_tokens=max_tokens)
     if out is not None:
         out = check_out(out, overwrite)  # before the model runs: a typo costs nothing
-    for name, value in (("title", title), ("tokens", tokens)):
-        if isinstance(value, str):
-            check_text(name, value)
-    if not (isinstance(names, (tuple, list)) and len(names) == 2 and all(isinstance(n, str) for n in names)):
-        raise AttnkitTypeError(f"names must be two strings (the model's and compare's), got {describe(names)}.")
     importance = importance_panel(head_importance)
     ids, labels = _as_tokens(model, tokens, labels, tokenizer)
     check_length(ids.shape[1], max_tokens)
@@ -227,13 +244,8 @@ def report(model: nn.Module, tokens, *, out: str | Path | None = "attention_repo
         from attnkit.models.io import read_metrics
 
         records = read_metrics(metrics)
-    n_params = sum(p.numel() for p in model.parameters())
-    first = data.layers[0]
-    facts = (f"{type(model).__name__}: {len(data.layers)} layers x {first.num_heads} heads"
-             + (f" ({first.kv_heads} KV heads)" if first.kv_heads != first.num_heads else "")
-             + f", {n_params / 1e6:.2f} M parameters; {len(labels)} tokens; weights from {data.source}; "
-             f"written {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())} by attnkit")
-    page = render(data, title=title or f"attnkit report: {type(model).__name__}", facts=facts, doctor=doctor_dict,
+    page = render(data, title=title or f"attnkit report: {type(model).__name__}", facts=_facts(model, data),
+                  doctor=doctor_dict,
                   records=records, dense_max=dense_max, top_k=top_k, thresholds=thresholds, compare=other,
                   names=tuple(names), importance=importance, warning=length_warning, baseline=baseline)
     if out is None:
