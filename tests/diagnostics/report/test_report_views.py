@@ -225,3 +225,14 @@ def test_hostile_names_and_tokens_are_text_and_the_page_works(browser, tmp_path)
     assert browser.find_elements("css selector", "img") == []
     assert len(browser.find_elements("css selector", "canvas.thumb")) == 4
     assert len(browser.find_elements("css selector", "#headview text.hv-q")) == len(hostile)
+
+
+def test_axis_labels_fit_or_end_in_an_ellipsis(page):
+    """Token labels on the heatmap's axes were cut to 8 characters with no sign ("attention" showed "attentio")."""
+    got = page.execute_script("""
+        const ctx = document.createElement('canvas').getContext('2d'), fit = window.attnkit.fitLabel;
+        ctx.font = '11px ui-monospace, Menlo, monospace';
+        const long = fit(ctx, 'internationalisation-and-more', ' 12', 88), short = fit(ctx, 'attention', ' 1', 88);
+        return [long, ctx.measureText(long).width, short];""")
+    assert got[0].endswith("\u2026 12") and got[0].startswith("intern") and got[1] <= 88
+    assert got[2] == "attention 1"

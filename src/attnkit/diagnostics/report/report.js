@@ -186,6 +186,13 @@
     $("compare-section").dataset.layer = state.layer; $("compare-section").dataset.head = state.head;
   }
 
+  // "label index" within maxw pixels: a label that does not fit ends in an ellipsis (never silently cut)
+  function fitLabel(ctx, label, suffix, maxw) {
+    if (ctx.measureText(label + suffix).width <= maxw) return label + suffix;
+    let n = label.length;
+    while (n > 1 && ctx.measureText(label.slice(0, n - 1) + "\u2026" + suffix).width > maxw) n--;
+    return label.slice(0, n - 1) + "\u2026" + suffix;
+  }
   function drawLabels() {
     const cell = SIZE / L, every = Math.max(1, Math.ceil(11 / cell)), font = Math.min(11, Math.max(8, cell - 1));
     for (const [c, vertical] of [[xl, true], [yl, false]]) {
@@ -195,7 +202,7 @@
       ctx.setTransform(DPR, 0, 0, DPR, 0, 0); ctx.clearRect(0, 0, W, H);
       ctx.font = `${font}px ui-monospace, Menlo, monospace`; ctx.fillStyle = "#333"; ctx.textBaseline = "middle";
       for (let i = 0; i < L; i += every) {
-        const lab = `${LABELS[i].slice(0, 8)} ${i}`, mid = (i + 0.5) * cell + 1;
+        const lab = fitLabel(ctx, LABELS[i], ` ${i}`, 88), mid = (i + 0.5) * cell + 1;
         ctx.save();
         if (vertical) { ctx.translate(mid, H - 4); ctx.rotate(-Math.PI / 2); ctx.textAlign = "left"; ctx.fillText(lab, 0, 0); }
         else { ctx.textAlign = "right"; ctx.fillText(lab, W - 4, mid); }
@@ -405,7 +412,7 @@
   open(0, 0);
   applyFilter();
   window.attnkit = {
-    ready: true, tti_ms: performance.now(), L, state, open, highlight, sortBy,
+    ready: true, tti_ms: performance.now(), L, state, open, highlight, sortBy, fitLabel,
     weight: (l, h, i, j) => headData(l, h).w[i * L + j],
     compareWeight: (l, h, i, j) => headData(l, h, 1).w[i * L + j],
     allowed: (l, h, i, j) => { const m = maskOf(l, h); return m === null || m[i * L + j] === 1; },
