@@ -159,3 +159,25 @@ def test_report_heads_adds_the_importance_panel(tmp_path, capsys):
     cells = {(int(l), int(h)): float(s) for l, h, s in
              re.findall(r'<td data-layer="(\d)" data-head="(\d)" data-score="([^"]+)"', out.read_text())}
     assert cells == {(l, h): float(want[l, h]) for l in range(2) for h in range(2)}
+
+
+def test_report_of_a_run_never_writes_through_its_report_link(tmp_path, capsys):
+    """Issue 21 item 3 as reported: RUN/report.html -> ~/.bashrc, the default --out of `attnkit report RUN`."""
+    from attnkit.models.builders import build_lm
+    from attnkit.training import checkpoint
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"preset": "nano"}))
+    model = build_lm("nano")
+    checkpoint.save_checkpoint(run, 10, model, None, {"model_config": model.config.to_dict()})
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 5.0}) + "\n")
+    bashrc = tmp_path / "bashrc"
+    bashrc.write_text("alias ll='ls -l'\n")
+    (run / "report.html").symlink_to(bashrc)
+    assert main(["report", str(run), "--text", "abc", "--no-doctor"]) == 2
+    assert f"out {str(run / 'report.html')!r} is a symbolic link (to {str(bashrc)!r})" in capsys.readouterr().err
+    assert bashrc.read_text() == "alias ll='ls -l'\n" and (run / "report.html").is_symlink()
+    assert main(["report", str(run), "--text", "abc", "--no-doctor", "--overwrite"]) == 0
+    assert bashrc.read_text() == "alias ll='ls -l'\n" and not (run / "report.html").is_symlink()
+    assert (run / "report.html").read_text().startswith("<!DOCTYPE html>")
