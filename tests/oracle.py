@@ -1,4 +1,4 @@
-"""The tolerance rule of DESIGN.md, shared by every oracle test.
+"""The tolerance rule of docs/conventions.md, shared by every oracle test.
 
 A result computed in dtype T passes when ``max|out - golden| <= factor * max|ref_T - golden| + floor``:
 golden is the float64 reference on the same (already T-rounded) inputs, ref_T the reference run in T,

@@ -18,12 +18,12 @@ SRC = Path(attnkit.__file__).parent
 
 #: level of each top-level part of the package; imports go to the same level or lower, never up
 LEVELS = {
-    "errors": 0, "_checks": 0, "_hooks": 0, "_bias": 0, "_timing": 0,
+    "errors": 0, "_checks": 0, "_hooks": 0, "_bias": 0, "_timing": 0, "_progress": 0,
     "masks": 1, "positions": 1, "functional": 1, "_validation": 1,
     "backends": 2, "cache": 2,
     "nn": 3,
     "models": 4, "integrations": 4, "distributed": 4,
-    "training": 5,
+    "runs": 5, "training": 5,
     "diagnostics": 6,
     "bench": 7, "labs": 7,
     "cli": 8, "__main__": 8, "__init__": 8,
@@ -36,9 +36,16 @@ ROOT_MIN_LEVEL = 6
 FORBIDDEN = [
     ("attnkit.training", "attnkit.bench", "the trainer must not depend on the benchmarks (shared timing: attnkit._timing)"),
     ("attnkit.diagnostics", "attnkit.training",
-     "the doctor and the report read run folders without the trainer (verified checkpoints, the byte tokenizer and "
-     "metrics.jsonl: attnkit.models.io)"),
+     "the doctor and the report read run folders without the trainer (verified checkpoints, the tokenizers and "
+     "metrics.jsonl: attnkit.runs)"),
+    ("attnkit.runs", "attnkit.training", "the run folder is the trainer's storage, not the other way round: the trainer "
+                                         "writes through attnkit.runs, which knows nothing of training"),
 ]
+
+#: the file names of a run folder: only ``runs/`` (which defines them) and ``cli/`` spell them out
+RUN_FILE_NAMES = {"metrics.jsonl", "state.json", "model.safetensors", "optim.safetensors", "loss.png", ".attnkit.lock",
+                  ".replaced", "checkpoints", "tokenizer"}
+RUN_FILE_OWNERS = ("runs", "cli")
 
 
 def _module_name(path: Path) -> str:
@@ -101,6 +108,30 @@ def test_imports_go_down(path):
         "\nMove the shared code down a level (or pass it in: e.g. the CLI hands the trainer a monitor callback).")
 
 
+def _run_file_names(path: Path) -> list[tuple[int, str]]:
+    """String constants in ``path`` (docstrings aside) that are exactly a run folder's file name."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body
+                  and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [(node.lineno, node.value) for node in ast.walk(tree) if isinstance(node, ast.Constant)
+            and isinstance(node.value, str) and node.value in RUN_FILE_NAMES and id(node) not in docstrings]
+
+
+@pytest.mark.parametrize("path", [f for f in FILES if _part(_module_name(f)) not in RUN_FILE_OWNERS],
+                         ids=lambda p: str(p.relative_to(SRC)))
+def test_only_runs_names_a_run_folders_files(path):
+    found = _run_file_names(path)
+    assert not found, (f"{_module_name(path)} names a run folder's files itself: {found}; read and write run folders "
+                       "through attnkit.runs (its constants, its reader and writers)")
+
+
+def test_the_file_name_check_can_fail(tmp_path):
+    fake = tmp_path / "fake.py"
+    fake.write_text('"""metrics.jsonl in a docstring is fine."""\nPATH = "metrics.jsonl"\n')
+    assert _run_file_names(fake) == [(2, "metrics.jsonl")]
+
+
 def test_the_reader_sees_every_import_form(tmp_path, monkeypatch):
     # the checker itself can fail: absolute, relative, `from attnkit import part` and in-function imports
     fake = tmp_path / "attnkit" / "training" / "fake.py"
@@ -122,3 +153,15 @@ def test_a_forbidden_pair_is_caught(tmp_path, monkeypatch):
     with pytest.raises(AssertionError, match=r"line 2: attnkit.training.loop: the doctor and the report read run "
                                              r"folders without the trainer"):
         test_imports_go_down(fake)
+
+
+def test_nothing_cites_a_design_file_the_repository_does_not_have():
+    """issue 20 item 5: source, tests and docs cited a DESIGN.md that is not in the repository; the rules live in
+    docs/conventions.md and docs/architecture.md."""
+    root = SRC.parents[1]
+    if not (root / "docs").is_dir():
+        pytest.skip("not a source checkout (no docs/ next to src/)")
+    paths = [*SRC.rglob("*.py"), *(root / "tests").rglob("*.py"), *(root / "docs").rglob("*.md"), root / "README.md"]
+    citing = sorted(str(p.relative_to(root)) for p in paths if "DESIGN" in p.read_text(errors="replace")
+                    and p != Path(__file__).resolve() and not (root / "DESIGN.md").exists())
+    assert not citing, f"these cite DESIGN.md, which is not in the repository: {citing}; cite docs/conventions.md"

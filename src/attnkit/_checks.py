@@ -27,12 +27,17 @@ def integer(value: object, name: str, *, low: int, fix: str) -> int:
 
 
 def number(value: object, name: str, *, low: float, high: float = math.inf, low_open: bool = False,
-           fix: str) -> float:
-    """``value`` as a float if it is a finite real in ``[low, high)`` (``(low, high)`` with ``low_open``)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-        raise AttnkitTypeError(f"{name} must be a finite number, got {describe(value)}; {fix}")
-    if not ((low < value) if low_open else (low <= value)) or not value < high:
-        bound = (f"in {'(' if low_open else '['}{low}, {high})" if math.isfinite(high)
+           high_closed: bool = False, allow_inf: bool = False, fix: str) -> float:
+    """``value`` as a float if it is a finite real in ``[low, high)`` (``(low`` with ``low_open``, ``high]`` with
+    ``high_closed``); ``allow_inf`` also takes ``inf`` when ``high`` is infinite (e.g. "no clipping")."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+            math.isfinite(value) or (allow_inf and value == math.inf)):
+        kind = "a finite number or inf" if allow_inf else "a finite number"
+        raise AttnkitTypeError(f"{name} must be {kind}, got {describe(value)}; {fix}")
+    above = (low < value) if low_open else (low <= value)
+    below = (value <= high) if high_closed or not math.isfinite(high) else (value < high)
+    if not (above and below):
+        bound = (f"in {'(' if low_open else '['}{low}, {high}{']' if high_closed else ')'}" if math.isfinite(high)
                  else f"{'>' if low_open else '>='} {low}")
         raise AttnkitValueError(f"{name} must be {bound}, got {value}; {fix}")
     return float(value)

@@ -1,6 +1,6 @@
 """Input checks for the attention front door, turning arguments into a validated :class:`AttentionCall`.
 
-Every check raises a typed error whose message names the argument, its value and the fix (DESIGN.md).
+Every check raises a typed error whose message names the argument, its value and the fix (docs/conventions.md).
 
 Shape legend: B batch, H query heads, Hkv key/value heads, Lq/Lk query/key lengths, D head dim.
 """

@@ -3,7 +3,7 @@
 - item 7: a query holding NaN gives a NaN row on every backend (a zero row hides the bug); a NaN key a row may
   attend makes that row NaN; fully masked rows with finite inputs stay 0 with finite gradients.
 - item 6: fully finite float16 inputs with logits beyond float16's range before the scale: finite everywhere.
-- item 11: a float bias of large magnitude or with a large constant part costs no more than the DESIGN.md 2x
+- item 11: a float bias of large magnitude or with a large constant part costs no more than the docs/conventions.md 2x
   rule allows (SDPA used to cast it to bf16/fp16; the tiled kernel rounded the scores at the offset's magnitude).
 
 Every comparison prints both errors (tests/oracle.py).

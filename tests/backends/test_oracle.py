@@ -1,4 +1,4 @@
-"""Every backend against the float64 reference (DESIGN.md 2x/3x rule), outputs and gradients.
+"""Every backend against the float64 reference (docs/conventions.md 2x/3x rule), outputs and gradients.
 
 A backend that can't serve a case must refuse it with reasons when forced; it may never return a wrong answer.
 

@@ -1,5 +1,5 @@
 """Packed causal documents as separate sequences (attnkit.backends.varlen, served by blocksparse): against the
-float64 reference (DESIGN.md 2x/3x rule, outputs and gradients), which layouts it takes and which it leaves to
+float64 reference (docs/conventions.md 2x/3x rule, outputs and gradients), which layouts it takes and which it leaves to
 the tile plans, what explain() says, and that nothing crosses from one document to another. Not timed."""
 
 from __future__ import annotations

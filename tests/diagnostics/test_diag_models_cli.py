@@ -9,9 +9,9 @@ from diag_zoo import TinyDecoder, missing_scale
 import attnkit as ak
 from attnkit.cli.main import main
 from attnkit.diagnostics import TokenAdapter, make_subject
-from attnkit.diagnostics.targets import load_target
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, EnvironmentUnsupportedError
 from attnkit.models.builders import build_encoder, build_lm
+from attnkit.runs import open_source
 
 
 def test_doctor_passes_attnkit_decoder_and_encoder():
@@ -27,7 +27,8 @@ def test_doctor_passes_attnkit_decoder_and_encoder():
 @pytest.mark.parametrize("name", ["hf-gpt2-tiny", "hf-llama-tiny", "hf-bert-tiny"])
 def test_doctor_passes_hugging_face_models(name):
     pytest.importorskip("transformers")
-    model, fresh = load_target(name)
+    source = open_source(name)
+    model, fresh = source.model, source.fresh
     report = ak.doctor.examine(model, fresh=fresh)
     assert report.ok, str(report)
     expected = {"padding-leak", "scale", "low-precision", "backend-agreement", "init", "attention-health", "init-scale"}
@@ -43,7 +44,7 @@ def test_doctor_passes_hugging_face_models(name):
 
 def test_hugging_face_missing_scale_is_named(monkeypatch):
     pytest.importorskip("transformers")
-    model, _ = load_target("hf-llama-tiny")
+    model = open_source("hf-llama-tiny").model
     for layer in model.model.layers:
         layer.self_attn.scaling = 1.0  # the attention modules pass scaling= to the attention function
     result = ak.doctor.examine(model, checks=["scale"])["scale"]
@@ -66,24 +67,28 @@ def test_cli_doctor_table_json_and_exit_code(capsys, monkeypatch):
     data = json.loads(capsys.readouterr().out)
     assert [c["status"] for c in data["checks"]] == ["SKIP", "PASS"] and data["ok"]
 
-    import attnkit.diagnostics.targets as targets
+    import attnkit.runs as runs
+    from attnkit.runs import Source, Target
 
-    monkeypatch.setattr(targets, "load_target", lambda target, encoder=False: (missing_scale, None))
+    monkeypatch.setattr(runs, "open_source", lambda target, encoder=False: Source(missing_scale, Target("preset", target),
+                                                                                  loaded=False, fresh=None))
     assert main(["doctor", "broken", "--checks", "scale"]) == 1
     assert "missing scale" in capsys.readouterr().out
 
 
 def test_load_target_checkpoint_and_hf_folder(tmp_path):
     transformers = pytest.importorskip("transformers")
-    from attnkit.training.checkpoint import save_checkpoint
+    from attnkit.runs.write import save_checkpoint
 
     model = build_lm("nano", n_layers=1)
     save_checkpoint(tmp_path / "run", 5, model, None, {"model_config": model.config.to_dict()})
-    loaded, fresh = load_target(str(tmp_path / "run"))
+    source = open_source(str(tmp_path / "run"))
+    loaded, fresh = source.model, source.fresh
     assert fresh is False and isinstance(loaded, type(model))
     config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=32)
     config.save_pretrained(tmp_path / "hf")
-    hf, fresh = load_target(str(tmp_path / "hf" / "config.json"))
+    source = open_source(str(tmp_path / "hf" / "config.json"))
+    hf, fresh = source.model, source.fresh
     assert fresh is True and type(hf).__name__ == "GPT2LMHeadModel"
 
 
@@ -109,11 +114,11 @@ def test_error_messages(monkeypatch):
 
     with pytest.raises(AttnkitValueError, match="can't tell the vocabulary size of NoVocab"):
         make_subject(NoVocab())
-    with pytest.raises(AttnkitValueError, match="doctor target 'nowhere' is not a preset"):
-        load_target("nowhere")
+    with pytest.raises(AttnkitValueError, match="target 'nowhere' is not a preset"):
+        open_source("nowhere")
     monkeypatch.setitem(__import__("sys").modules, "transformers", None)
     with pytest.raises(EnvironmentUnsupportedError, match="need the transformers package"):
-        load_target("hf-gpt2-tiny")
+        open_source("hf-gpt2-tiny")
 
 
 def test_adapter_subject_low_precision_tests_only_its_own_dtype():

@@ -1,7 +1,7 @@
 """Context parallelism on 2 and 4 spawned gloo processes equals one process, and sends what the mask needs.
 
 One spawn per world size runs every case (tests/distributed/cp_harness.py); each test then checks one case:
-outputs, log-sum-exp and dq/dk/dv against the float64 reference by DESIGN's rule (2x / 3x the float32
+outputs, log-sum-exp and dq/dk/dv against the float64 reference by the rule of docs/conventions.md (2x / 3x the float32
 reference's error), and the messages each rank sent against the shard needs read off the dense mask.
 """
 

@@ -43,6 +43,47 @@ def test_convert_then_generate_speaks_the_models_tokens(hf_folder, tmp_path, cap
     assert printed == want
 
 
+def test_generate_on_a_hugging_face_folder_equals_convert_then_generate(hf_folder, tmp_path, capsys):
+    """issue 20: generate takes every target doctor and report take; a Hugging Face folder generates through the
+    model `attnkit convert` writes, with the folder's own tokenizer."""
+    folder, _, _ = hf_folder
+    run = tmp_path / "run"
+    assert main(["convert", "--hf", str(folder), "--out", str(run)]) == 0
+    printed = {}
+    for target in (str(run), str(folder)):
+        capsys.readouterr()
+        assert main(["generate", target, "--prompt", "the quick brown fox", "--prompt", "attention",
+                     "--temperature", "0.7", "--seed", "3", "--max-new-tokens", "10"]) == 0
+        printed[target] = capsys.readouterr().out
+    assert printed[str(folder)] == printed[str(run)] and "the quick brown fox" in printed[str(run)]
+
+
+def test_generate_on_hf_llama_tiny_equals_convert_then_generate(tmp_path, capsys):
+    from attnkit.runs.source import hf_tiny
+
+    torch.manual_seed(0)  # generate seeds the random weights of hf-*-tiny with --seed
+    hf_tiny("hf-llama-tiny").save_pretrained(tmp_path / "hf")
+    assert main(["convert", "--hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run")]) == 0
+    printed = {}
+    for target in ("hf-llama-tiny", str(tmp_path / "run")):
+        capsys.readouterr()
+        assert main(["generate", target, "--ids", "--prompt", "1 5 7 9", "--temperature", "0", "--seed", "0",
+                     "--max-new-tokens", "8"]) == 0
+        printed[target] = capsys.readouterr().out
+    assert printed["hf-llama-tiny"] == printed[str(tmp_path / "run")]
+    assert len(printed["hf-llama-tiny"].split()) == 4 + 8  # the prompt's ids, then 8 new ones
+
+
+def test_generate_without_a_tokenizer_asks_for_ids(capsys):
+    assert main(["generate", "hf-llama-tiny", "--prompt", "hello", "--max-new-tokens", "2"]) == 2
+    assert "'hf-llama-tiny' has no tokenizer to encode --prompt with; pass the prompt as token ids with --ids" in \
+        capsys.readouterr().err
+    assert main(["generate", "hf-llama-tiny", "--ids", "--prompt", "one two", "--max-new-tokens", "2"]) == 2
+    assert "--ids: --prompt 'one two' is not token ids" in capsys.readouterr().err
+    assert main(["generate", "tiny", "--checkpoint", "runs/x", "--prompt", "a"]) == 2
+    assert "generate takes one target, got TARGET='tiny' and --checkpoint='runs/x'" in capsys.readouterr().err
+
+
 def test_doctor_runs_on_a_converted_run(hf_folder, tmp_path, capsys):
     folder, _, _ = hf_folder
     run = tmp_path / "run"
@@ -80,7 +121,7 @@ def test_report_on_a_converted_run_uses_its_tokenizer(hf_folder, tmp_path, capsy
 
 def _trained_run(path):
     from attnkit.models.builders import build_lm
-    from attnkit.training.checkpoint import list_checkpoints, save_checkpoint
+    from attnkit.runs.write import list_checkpoints, save_checkpoint
 
     model = build_lm("nano", n_layers=1)
     for step in (100, 200):
@@ -90,7 +131,7 @@ def _trained_run(path):
 
 def test_convert_refuses_an_existing_run_and_replaces_it_only_when_asked(hf_folder, tmp_path, capsys):
     """The regression: --out on a trained run pruned its checkpoints (and the new one) and printed success."""
-    from attnkit.training.checkpoint import list_checkpoints
+    from attnkit.runs.write import list_checkpoints
 
     folder, _, _ = hf_folder
     run = tmp_path / "run"
@@ -116,7 +157,7 @@ def test_convert_refuses_a_folder_with_other_files(hf_folder, tmp_path, capsys):
 
 def test_a_new_training_run_replaces_a_converted_runs_tokenizer(hf_folder, tmp_path):
     """--overwrite with the trainer on a converted run must not leave the HF tokenizer for the byte-level model."""
-    from attnkit.training.runs import RunFolder
+    from attnkit.runs.folder import RunFolder
 
     folder, _, _ = hf_folder
     run = tmp_path / "run"

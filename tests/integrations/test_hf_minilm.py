@@ -66,7 +66,8 @@ def test_length_sorted_batches_keep_the_order_and_the_vectors(package_embeddings
     got = embed(model, tokenizer, SENTENCES, truncate_to=max_length(PATH), batch_size=5)  # 3 batches, sorted
     err = (got - package_embeddings).abs().max().item()
     assert err <= 1e-5, f"batched attnkit vs the package's model: max abs diff {err:.3g}"
-    with pytest.raises(AttnkitValueError, match=r"batch_size must be a positive int or None, got 0; e.g. batch_size"):
+    with pytest.raises(AttnkitValueError,
+                       match=r"batch_size must be a positive int, got 0; or None \(one batch\); e.g. batch_size"):
         embed(model, tokenizer, SENTENCES, batch_size=0)
 
 
@@ -79,9 +80,11 @@ def test_embeddings_are_not_trivially_equal(package_embeddings):
 
 def test_doctor_compares_attnkit_on_the_real_model():
     from attnkit.diagnostics.doctor import examine
-    from attnkit.diagnostics.targets import load_target
+    from attnkit.runs import open_source
 
-    model, fresh = load_target(str(PATH))
+    source = open_source(str(PATH))
+
+    model, fresh = source.model, source.fresh
     report = examine(model, checks=["backend-agreement", "padding-leak"], fresh=fresh, name="minilm")
     text = str(report)
     assert report.exit_code == 0, text

@@ -80,7 +80,7 @@ def test_cache_kinds_give_the_same_tokens(model, kind):
         ({"max_new_tokens": -1}, AttnkitValueError, "max_new_tokens must be an int >= 0"),
         ({"temperature": -0.5}, AttnkitValueError, "temperature must be a finite number >= 0"),
         ({"top_k": 5}, AttnkitValueError, "only apply when sampling"),
-        ({"temperature": 1.0, "top_k": 0}, AttnkitValueError, "top_k must be an int >= 1"),
+        ({"temperature": 1.0, "top_k": 0}, AttnkitValueError, r"top_k must be a positive int, got 0; or None"),
         ({"temperature": 1.0, "top_p": 1.5}, AttnkitValueError, r"top_p must be in \(0, 1\]"),
         ({"stop_tokens": ["eos"]}, AttnkitTypeError, "stop_tokens must be a collection of int"),
         ({"model": torch.nn.Linear(2, 2)}, AttnkitTypeError, "model must be a decoder model"),
@@ -150,3 +150,14 @@ def test_transformer_lm_left_padded_batch_generates_each_row_alone(kind, window,
                 t = torch.cat([t, lm(t)[:, -1].argmax(-1, keepdim=True)], dim=1)
             wants.append(t[0, len(p):].tolist())
     assert generate(lm, prompts, max_new_tokens=5, cache=kind) == wants
+
+
+def test_the_library_refuses_more_tokens_than_learned_positions_hold():
+    """issue 20 item 3: only `attnkit generate` checked the length up front; the library did not."""
+    from attnkit.models.builders import build_lm
+
+    model = build_lm("nano", positions="learned", max_seq_len=16).eval()
+    with pytest.raises(AttnkitValueError, match=r"max_new_tokens=13 with a prompt of 4 tokens needs 17 positions, but "
+                                                r"the model's learned positions hold 16; pass max_new_tokens=12 or less"):
+        generate(model, [[1, 2, 3, 4], [5]], max_new_tokens=13)
+    assert len(generate(model, [[1, 2, 3, 4]], max_new_tokens=12)[0]) == 12

@@ -244,6 +244,38 @@ def test_per_layer_attention_kind_is_pluggable():
         ATTENTION_LAYERS.pop("recording")
 
 
+def test_a_layer_kind_says_how_it_reads_the_mask():
+    """issue 20 item 5: the model tested isinstance(block.attn, LinearAttention), so a plugged-in layer kind that
+    reads padding by key index (as linear attention does) still got the position-bound, prepared mask."""
+    from attnkit.models.blocks import linear_attention
+
+    seen = []
+
+    class ByIndex(torch.nn.Module):
+        mask_by_key_index = True
+
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x, mask, **kwargs):
+            seen.append(type(mask).__name__)
+            return self.inner(x, mask, **kwargs)
+
+    register_attention_layer("by-index", lambda config, index: ByIndex(linear_attention(config, index)))
+    try:
+        model = build_lm("nano", attention=["softmax", "by-index"], positions="sinusoidal").eval()
+        tokens = torch.randint(0, V, (2, 6))
+        real = torch.tensor([[False, True, True, True, True, True], [True] * 6])
+        model(tokens, key_is_real=real)
+        assert seen and "PreparedMask" not in seen, seen  # the softmax layer's mask is prepared, this one's is not
+        plain = build_lm("nano", attention=["softmax", "linear"], positions="sinusoidal").eval()
+        plain.load_state_dict({k.replace("inner.", ""): v for k, v in model.state_dict().items()})
+        torch.testing.assert_close(model(tokens, key_is_real=real), plain(tokens, key_is_real=real))
+    finally:
+        ATTENTION_LAYERS.pop("by-index")
+
+
 def test_gradient_checkpointing_gives_the_same_gradients():
     model = build_lm("nano", dropout=0.0)
     tokens = torch.randint(0, V, (2, 12))

@@ -100,7 +100,7 @@ def test_batched_positions_equal_per_row_calls(style):
 
 
 def naive_rope(x: torch.Tensor, positions: torch.Tensor, base: float, dtype: torch.dtype) -> torch.Tensor:
-    """The usual implementation run entirely in ``dtype`` (half style): the ref_T of the DESIGN tolerance rule."""
+    """The usual implementation run entirely in ``dtype`` (half style): the ref_T of the docs/conventions.md tolerance rule."""
     D = x.shape[-1]
     inv_freq = (1.0 / base ** (torch.arange(0, D, 2, dtype=torch.float64) / D)).to(dtype)  # (D/2,)
     angles = positions.to(dtype)[:, None] * inv_freq  # (L, D/2)
@@ -112,7 +112,7 @@ def naive_rope(x: torch.Tensor, positions: torch.Tensor, base: float, dtype: tor
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_low_precision_within_design_tolerance(dtype):
-    # DESIGN rule: max|out - golden| <= 2 * max|ref_T - golden| + floor, golden in float64 on the same input.
+    # docs/conventions.md rule: max|out - golden| <= 2 * max|ref_T - golden| + floor, golden in float64 on the same input.
     # attnkit computes in float32 and rounds once, so for bf16/fp16 it is far inside the bound; for fp32 it is
     # the naive formula itself (ratio ~1). floor = eps(T) * max|golden|, one rounding of the output.
     x = torch.randn(2, 4, 129, 64).to(dtype)
@@ -332,7 +332,7 @@ def test_agrees_with_transformers_llama_rotary(params, max_positions):
         err = (rope(x, positions).double() - golden).abs().max().item()
         # HF runs in float32: its angle error is ~ |angle| * eps32 <= 2 * max position * eps32 (inv_freq <= 1),
         # so |hf - golden| <= 4 * max_pos * eps32 * max|x| leaves 2x headroom; attnkit's float32 path obeys the
-        # DESIGN rule against HF as ref_T.
+        # docs/conventions.md rule against HF as ref_T.
         bound = 4 * positions.max().item() * torch.finfo(torch.float32).eps * x.abs().max().item()
         assert hf_err <= bound, f"HF differs from attnkit float64 by {hf_err:.3g} > {bound:.3g}"
         assert err <= 2 * hf_err + 1e-6, f"attnkit float32 err {err:.3g}, HF float32 err {hf_err:.3g}"

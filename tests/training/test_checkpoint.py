@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from attnkit.models.builders import build_lm
-from attnkit.training import checkpoint as ckpt
-from attnkit.training.loop import load_model, param_groups
+from attnkit.runs import write as ckpt
+from attnkit.training import load_model, param_groups
 
 
 def _trained(steps=2):

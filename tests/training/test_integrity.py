@@ -14,8 +14,8 @@ import torch
 from train_helpers import small_config
 
 from attnkit.models.builders import build_lm
-from attnkit.training import checkpoint as ckpt
-from attnkit.training.loop import load_model, train
+from attnkit.runs import write as ckpt
+from attnkit.training import load_model, train
 from attnkit.training.metrics import read_metrics
 
 
@@ -218,7 +218,7 @@ def test_a_resume_writes_a_missing_config_json_back(run, tmp_path):
 def _swap_after_verification(monkeypatch, ckpt_dir, other_dir):
     """Replace both tensor files by another run's (regular files) the moment the last hashed read closes: a
     loader that opens them again by path reads the unverified ones."""
-    from attnkit.models import io
+    from attnkit.runs import read as io
 
     real_open = io.open_regular
 

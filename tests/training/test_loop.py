@@ -12,11 +12,10 @@ from train_helpers import cli_args, small_config
 from attnkit.cli.main import main
 from attnkit.errors import AttnkitValueError
 from attnkit.models.builders import build_lm
-from attnkit.training import checkpoint as ckpt
-from attnkit.training import loop
+from attnkit.runs import write as ckpt
+from attnkit.runs.write import list_checkpoints
+from attnkit.training import TrainConfig, Trainer, loop, param_groups, train
 from attnkit.training import precision as prec
-from attnkit.training.checkpoint import list_checkpoints
-from attnkit.training.loop import TrainConfig, Trainer, param_groups, train
 from attnkit.training.metrics import read_metrics
 from attnkit.training.schedule import lr_at
 

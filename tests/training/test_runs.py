@@ -15,12 +15,12 @@ import torch
 from train_helpers import CORPUS, cli_args, run_cli, small_config
 
 from attnkit.cli.main import main
-from attnkit.errors import AttnkitValueError, EnvironmentUnsupportedError
-from attnkit.training import checkpoint as ckpt
-from attnkit.training import loop
-from attnkit.training.loop import TrainConfig, TrainingDiverged, train, verdict
+from attnkit.cli.train import flag
+from attnkit.errors import AttnkitTypeError, AttnkitValueError, EnvironmentUnsupportedError
+from attnkit.runs import write as ckpt
+from attnkit.runs.folder import RunFolder, RunFolderError, RunInUseError
+from attnkit.training import TrainConfig, TrainingDiverged, loop, steps, train, verdict
 from attnkit.training.metrics import read_metrics
-from attnkit.training.runs import RunFolder, RunFolderError, RunInUseError
 
 
 def _quiet(*args, **kwargs):
@@ -29,23 +29,24 @@ def _quiet(*args, **kwargs):
 
 # ------------------------------------------------------------------------------------------ flags (item 9)
 
-@pytest.mark.parametrize(("changes", "match"), [
-    ({"clip": -1.0}, r"clip must be the maximum gradient norm, e.g. 1.0; pass inf to turn clipping off .*clip=-1.0"),
-    ({"clip": 0.0}, r"clip must be .*got clip=0.0"),
-    ({"clip": float("nan")}, r"got clip=nan"),
-    ({"weight_decay": -1.0}, r"weight_decay must be a decay >= 0.*got weight_decay=-1.0"),
-    ({"seq_len": 0}, r"seq_len must be an int >= 2 \(tokens per row\), got 0"),
-    ({"seq_len": 1}, r"seq_len must be an int >= 2"),
-    ({"lr": 0.0}, r"lr must be a positive learning rate.*got lr=0.0"),
-    ({"lr": float("inf")}, r"got lr=inf"),
-    ({"warmup": -3}, r"warmup must be an int >= 0"),
-    ({"keep": 0}, r"keep must be a positive int, got 0"),
-    ({"min_lr_ratio": 1.5}, r"min_lr_ratio must be a share of lr in \[0, 1\]"),
-    ({"val_fraction": 1.0}, r"val_fraction must be a share of the data in \(0, 1\)"),
-    ({"betas": (0.9, 1.0)}, r"betas must be two numbers in \[0, 1\)"),
+@pytest.mark.parametrize(("changes", "error", "match"), [
+    ({"clip": -1.0}, AttnkitValueError, r"clip must be > 0.0, got -1.0; the maximum gradient norm, e.g. 1.0; pass inf "
+                                        r"to turn clipping off"),
+    ({"clip": 0.0}, AttnkitValueError, r"clip must be > 0.0, got 0.0"),
+    ({"clip": float("nan")}, AttnkitTypeError, r"clip must be a finite number or inf, got nan"),
+    ({"weight_decay": -1.0}, AttnkitValueError, r"weight_decay must be >= 0.0, got -1.0; a decay >= 0"),
+    ({"seq_len": 0}, AttnkitValueError, r"seq_len must be an int >= 2 \(tokens per row\), got 0"),
+    ({"seq_len": 1}, AttnkitValueError, r"seq_len must be an int >= 2"),
+    ({"lr": 0.0}, AttnkitValueError, r"lr must be > 0.0, got 0.0; a positive learning rate"),
+    ({"lr": float("inf")}, AttnkitTypeError, r"lr must be a finite number, got inf"),
+    ({"warmup": -3}, AttnkitValueError, r"warmup must be an int >= 0"),
+    ({"keep": 0}, AttnkitValueError, r"keep must be a positive int, got 0"),
+    ({"min_lr_ratio": 1.5}, AttnkitValueError, r"min_lr_ratio must be in \[0.0, 1.0\], got 1.5; a share of lr"),
+    ({"val_fraction": 1.0}, AttnkitValueError, r"val_fraction must be in \(0.0, 1.0\), got 1.0; a share of the data"),
+    ({"betas": (0.9, 1.0)}, AttnkitValueError, r"betas must be two numbers in \[0, 1\)"),
 ])
-def test_flags_that_can_only_be_mistakes_are_typed_errors(changes, match):
-    with pytest.raises(AttnkitValueError, match=match):
+def test_flags_that_can_only_be_mistakes_are_typed_errors(changes, error, match):
+    with pytest.raises(error, match=match):
         TrainConfig(**changes)
 
 
@@ -80,14 +81,14 @@ def test_device_cuda_without_cuda_is_a_typed_error_and_writes_nothing(tmp_path):
 
 def test_a_nan_loss_stops_the_run_and_the_last_finite_checkpoint_stays_newest(tmp_path, monkeypatch):
     calls = [0]
-    real = loop.lm_loss
+    real = steps.lm_loss
 
     def poisoned(model, batch, precision, device):
         calls[0] += 1
         loss = real(model, batch, precision, device)
         return loss * float("nan") if calls[0] == 7 else loss  # step 7's loss (training calls only)
 
-    monkeypatch.setattr(loop, "lm_loss", poisoned)
+    monkeypatch.setattr(steps, "lm_loss", poisoned)
     with pytest.raises(TrainingDiverged, match=r"training stopped at step 7: the loss is nan .*nothing was saved for "
                                                r"this step, the newest checkpoint .*step_00000006 is the last finite"):
         train(small_config(tmp_path, steps=12, ckpt_every=3, eval_every=100), log=_quiet)
@@ -192,9 +193,9 @@ def test_resume_names_the_flags_it_ignores_and_extends_with_steps(tmp_path):
     logs = []
     result = train(small_config(run, steps=10, lr=0.5, batch_size=8), resume=run,
                    given={"steps", "lr", "batch_size"}, log=logs.append)
-    text = "\n".join(logs)
-    assert "ignored: --batch-size 8 (the run has 4), --lr 0.5 (the run has 0.003)" in text, text
-    assert "--init-from" in text
+    text = "\n".join(logs)  # the library names the settings by their fields (the CLI by its flags: names=flag)
+    assert "resume keeps the run's own settings; ignored: batch_size 8 (the run has 4), lr 0.5 (the run has 0.003). " \
+           "To change them start a new run from this checkpoint's weights with init_from." in text, text
     assert "schedule: 6 -> 10 steps; the learning rate keeps its warmup + cosine to step 6, then holds its minimum" \
         in text, text
     assert result.step == 10
@@ -203,9 +204,9 @@ def test_resume_names_the_flags_it_ignores_and_extends_with_steps(tmp_path):
     minimum = 3e-3 * TrainConfig().min_lr_ratio
     assert all(r["lr"] == pytest.approx(minimum) for r in records[6:])  # held at the minimum beyond the old end
     with pytest.raises(AttnkitValueError, match="--steps 5 is below the checkpoint's step 10"):
-        train(small_config(run, steps=5), resume=run, given={"steps"}, log=_quiet)
+        train(small_config(run, steps=5), resume=run, given={"steps"}, names=flag, log=_quiet)
     logs.clear()
-    train(small_config(run), resume=run, log=logs.append)
+    train(small_config(run), resume=run, names=flag, log=logs.append)
     assert any("already finished at step 10; pass --steps N" in line for line in logs), logs
 
 
@@ -242,7 +243,7 @@ def test_init_from_starts_a_new_run_from_a_checkpoints_weights(tmp_path):
     train(small_config(base, steps=6, ckpt_every=6), log=_quiet)
     logs = []
     train(small_config(tuned, steps=2, ckpt_every=2, lr=1e-9, warmup=0, preset="tiny"), init_from=base,
-          given={"preset"}, log=logs.append)
+          given={"preset"}, names=flag, log=logs.append)
     assert any("--init-from builds the model of" in line and "ignored --preset" in line for line in logs), logs
     config = json.loads((tuned / "config.json").read_text())
     assert config["init_from"]["step"] == 6 and config["init_from"]["run_id"] == ckpt.run_identity(base)
@@ -252,9 +253,9 @@ def test_init_from_starts_a_new_run_from_a_checkpoints_weights(tmp_path):
     assert all(torch.allclose(w0[k], w1[k], atol=1e-6) for k in w0)  # lr 1e-9: the weights it started from
     assert ckpt.read_state(ckpt.resolve(tuned))["step"] == 2  # a new run: step counts from 0
     with pytest.raises(AttnkitValueError, match="resume and init_from exclude each other"):
-        train(small_config(tuned), resume=tuned, init_from=base, log=_quiet)
+        train(small_config(tuned), resume=tuned, init_from=base, names=flag, log=_quiet)
     with pytest.raises(AttnkitValueError, match="seq_len=512 exceeds max_seq_len=.* of the checkpoint"):
-        train(small_config(tmp_path / "long", seq_len=512), init_from=base, log=_quiet)
+        train(small_config(tmp_path / "long", seq_len=512), init_from=base, names=flag, log=_quiet)
 
 
 # ------------------------------------------------------------------------------------------ messages (item 25)
@@ -287,8 +288,8 @@ def test_generate_errors_name_the_value_and_the_limit(tmp_path, capsys):
     assert main(["generate", "--checkpoint", str(run), "--prompt", "def ", "--max-new-tokens", str(limit),
                  "--cache", "static"]) == 2
     err = capsys.readouterr()
-    assert (f"--max-new-tokens {limit} with a prompt of 4 tokens needs {limit + 4} positions, but the model's learned "
-            f"positions hold {limit}; pass --max-new-tokens {limit - 4} or less") in err.err
+    assert (f"max_new_tokens={limit} with a prompt of 4 tokens needs {limit + 4} positions, but the model's learned "
+            f"positions hold {limit}; pass max_new_tokens={limit - 4} or less") in err.err
     assert err.out == ""  # refused before any text was printed
 
 
@@ -310,7 +311,7 @@ def test_a_fine_tuned_run_resumes_the_model_it_trained(tmp_path):
     train(small_config(base, steps=2, ckpt_every=2), log=_quiet)
     logs = []
     train(small_config(tuned, steps=2, ckpt_every=1, keep=10, preset="tiny", model={"positions": "alibi", "window": 4}),
-          init_from=base, given={"preset", "model"}, log=logs.append)
+          init_from=base, given={"preset", "model"}, names=flag, log=logs.append)
     text = "\n".join(logs)
     assert ("ignored --preset 'tiny' (the checkpoint's run has 'nano'), --positions 'alibi' (the checkpoint has "
             "'rope'), --window 4 (the checkpoint has None)") in text, text
@@ -318,7 +319,7 @@ def test_a_fine_tuned_run_resumes_the_model_it_trained(tmp_path):
     recorded = json.loads((tuned / "config.json").read_text())["train"]
     assert recorded["preset"] == "nano" and recorded["model"]["positions"] == "rope", recorded
     logs.clear()
-    train(small_config(tuned, steps=4), resume=tuned, given={"steps"}, log=logs.append)
+    train(small_config(tuned, steps=4), resume=tuned, given={"steps"}, names=flag, log=logs.append)
     base_model = ckpt.read_state(ckpt.resolve(base))["model_config"]
     for where in ckpt.list_checkpoints(tuned):
         assert ckpt.read_state(where)["model_config"] == base_model, where
@@ -329,7 +330,7 @@ def test_resume_names_an_ignored_run_dir(tmp_path):
     run = tmp_path / "run"
     train(small_config(run, steps=2, ckpt_every=2), log=_quiet)
     logs = []
-    train(small_config(tmp_path / "elsewhere", steps=2), resume=run, given={"run_dir"}, log=logs.append)
+    train(small_config(tmp_path / "elsewhere", steps=2), resume=run, given={"run_dir"}, names=flag, log=logs.append)
     assert any(f"ignored: --run-dir '{tmp_path / 'elsewhere'}' (the run's folder is '{run}')" in line
                for line in logs), logs
     assert not (tmp_path / "elsewhere").exists()
@@ -347,13 +348,13 @@ def test_resume_refuses_a_checkpoint_outside_its_run_folder(tmp_path):
     with pytest.raises(ckpt.CheckpointError, match=r"is not a checkpoint inside a run folder \(RUN/checkpoints/"
                                                    r"step_NNNNNNNN, a folder, not a link\).*--init-from .*step_00000004 "
                                                    r"--run-dir NEW"):
-        train(small_config(run, steps=8), resume=home / "backups" / "step_00000004", given={"steps"}, log=_quiet)
+        train(small_config(run, steps=8), resume=home / "backups" / "step_00000004", given={"steps"}, names=flag, log=_quiet)
     assert (home / "checkpoints" / "step_00000001" / "notes.txt").read_text() == "my notes"
     assert (home / "loss.png").read_text() == "my own picture" and not (home / ".attnkit.lock").exists()
     link = run / "checkpoints" / "step_00000009"
     link.symlink_to(ckpt.resolve(run))
     with pytest.raises(ckpt.CheckpointError, match="is not a checkpoint inside a run folder"):
-        train(small_config(run, steps=12), resume=link, given={"steps"}, log=_quiet)
+        train(small_config(run, steps=12), resume=link, given={"steps"}, names=flag, log=_quiet)
 
 
 def test_a_converted_checkpoint_is_not_resumed(tmp_path):
@@ -363,7 +364,7 @@ def test_a_converted_checkpoint_is_not_resumed(tmp_path):
                                                                               .config.to_dict()}, keep=0)
     with pytest.raises(ckpt.CheckpointError, match=r"was not written by the trainer \(a converted model has no "
                                                    r"training state to continue\).*--init-from"):
-        train(small_config(tmp_path / "conv"), resume=where, log=_quiet)
+        train(small_config(tmp_path / "conv"), resume=where, names=flag, log=_quiet)
 
 
 def test_a_symlinked_lock_file_is_refused_and_its_target_kept(tmp_path):

@@ -9,8 +9,8 @@ import pytest
 import torch.distributed as dist
 from train_helpers import small_config
 
+from attnkit.training import Trainer
 from attnkit.training import dist as tdist
-from attnkit.training.loop import Trainer
 
 
 @pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="torch built without gloo")

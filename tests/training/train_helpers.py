@@ -6,7 +6,7 @@ import sys
 import sysconfig
 from pathlib import Path
 
-from attnkit.training.loop import TrainConfig
+from attnkit.training import TrainConfig
 
 CORPUS = Path(sysconfig.get_paths()["stdlib"]) / "json"  # 5 small files on every machine
 

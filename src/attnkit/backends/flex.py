@@ -10,7 +10,7 @@ On CPU flex has no backward, no float16/float64 kernel and compiling costs secon
 for CPU calls only for inference when compiling is allowed (:func:`allow_cpu_compile` or
 ``ATTNKIT_FLEX_CPU=1``), and below math otherwise (``backend="flex"`` still runs it). It never runs a CPU call
 that needs gradients: one failed call with ``requires_grad=True`` slows the compiled function for the rest
-of the process (DESIGN.md).
+of the process (docs/backends.md).
 
 Shape legend: B batch, H query heads, Hkv key/value heads, Lq/Lk lengths, D head dim.
 """
@@ -125,7 +125,7 @@ def block_mask_for(call: AttentionCall):
 
 
 def score_mod_for(call: AttentionCall):
-    """flex ``score_mod``: softcap, then the bias (DESIGN score order), or None."""
+    """flex ``score_mod``: softcap, then the bias (the score order of docs/conventions.md), or None."""
     cap, bias = call.softcap, call.bias
     if cap is None and bias is None:
         return None

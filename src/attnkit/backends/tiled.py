@@ -51,7 +51,7 @@ Terms = Callable[[Piece, slice, slice], torch.Tensor]
 def tiled_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pieces: Sequence[Piece], terms: Terms,
                     scale: float, dropout_p: float = 0.0, softcap: float | None = None) -> torch.Tensor:
     """``softmax(cap(q k^T * scale) + terms) v`` piece by piece: ``(R, H, Lq, Dv)``, where ``cap(x)`` is
-    ``softcap * tanh(x / softcap)`` (the identity when ``softcap`` is None; DESIGN score order).
+    ``softcap * tanh(x / softcap)`` (the identity when ``softcap`` is None; the score order of docs/conventions.md).
 
     ``q (R, H, Lq, D)``, ``k (R, H, Lk, D)`` and ``v (R, H, Lk, Dv)`` share heads (expand GQA before).
     ``pieces`` cover the queries; a piece sees only its key ranges ``piece.kv``, with the additive term

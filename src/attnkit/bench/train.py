@@ -33,8 +33,8 @@ from attnkit.bench.common import peak_memory_bytes, round_robin, write_results
 from attnkit.models.builders import lm_config
 from attnkit.models.lm import TransformerLM
 from attnkit.training.data import PackedDataset, load_documents
-from attnkit.training.loop import lm_loss, param_groups
 from attnkit.training.precision import autocast, choose_precision
+from attnkit.training.steps import lm_loss, param_groups
 
 # ------------------------------------------------------------------------------------ the plain reference GPT
 

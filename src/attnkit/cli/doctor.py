@@ -28,11 +28,11 @@ def run(args) -> int:
     import torch
 
     from attnkit.diagnostics.doctor import examine
-    from attnkit.diagnostics.targets import load_target
+    from attnkit.runs import open_source
 
     torch.manual_seed(args.seed)
-    model, fresh = load_target(args.target, encoder=args.encoder)
-    report = examine(model, checks=args.checks, skip=args.skip, fresh=fresh, overfit=args.overfit, seed=args.seed,
-                     name=args.target)
+    source = open_source(args.target, encoder=args.encoder)
+    report = examine(source.model, checks=args.checks, skip=args.skip, fresh=source.fresh, overfit=args.overfit,
+                     seed=args.seed, name=args.target)
     print(report.to_json() if args.json else report)
     return report.exit_code

@@ -1,6 +1,12 @@
-"""``attnkit generate``: sample text from a trained checkpoint with the KV cache.
+"""``attnkit generate``: sample text from a model with the KV cache.
 
-    attnkit generate --checkpoint runs/demo --prompt "def " --max-new-tokens 200 --temperature 0.8 --top-k 40
+    attnkit generate runs/demo --prompt "def " --max-new-tokens 200 --temperature 0.8 --top-k 40
+    attnkit generate path/to/hf_model --prompt "Once upon a time" --temperature 0   # through its converted model
+    attnkit generate hf-llama-tiny --ids --prompt "1 5 7" --temperature 0          # no tokenizer: token ids
+
+Targets are those of ``attnkit doctor`` and ``report`` (:func:`attnkit.runs.open_source`): a run or checkpoint
+folder, a Hugging Face folder (converted as ``attnkit convert`` converts it, with its own tokenizer), a preset or
+``hf-*-tiny`` (random weights). ``--checkpoint PATH`` is the older spelling of the target.
 """
 
 from __future__ import annotations
@@ -9,9 +15,11 @@ import sys
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("generate", help="sample text from a trained checkpoint (KV-cached decoding)")
-    p.add_argument("--checkpoint", required=True, help="a run folder (its newest checkpoint) or a checkpoint folder")
+    p = sub.add_parser("generate", help="sample text from a model (KV-cached decoding)")
+    p.add_argument("target", nargs="?", help="a run/checkpoint folder, a Hugging Face folder, a preset or hf-*-tiny")
+    p.add_argument("--checkpoint", help="the target (older spelling): a run folder or a checkpoint folder")
     p.add_argument("--prompt", action="append", required=True, help="prompt text (repeat for a batch)")
+    p.add_argument("--ids", action="store_true", help="prompts are token ids (\"1 5 7\"); print token ids")
     p.add_argument("--max-new-tokens", type=int, default=200)
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=None)
@@ -26,31 +34,26 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     import torch
 
-    from attnkit.integrations.runs import run_tokenizer
     from attnkit.models.generation import generate, stream_generate
-    from attnkit.models.io import ByteTokenizer, load_model
+    from attnkit.runs import open_source
 
-    model = load_model(args.checkpoint, args.device)
-    tok = run_tokenizer(args.checkpoint) or ByteTokenizer()  # a converted run speaks its model's tokens
+    torch.manual_seed(args.seed)  # the weights of a preset or hf-*-tiny
+    source = open_source(_target(args), convert=True, device=args.device)
+    tok = IdTokenizer() if args.ids else source.tokenizer
+    if tok is None:
+        from attnkit.errors import AttnkitValueError
+
+        raise AttnkitValueError(f"{source.target.name!r} has no tokenizer to encode --prompt with; pass the prompt "
+                                "as token ids with --ids (e.g. --ids --prompt \"1 5 7\").")
     prompts = [tok.encode(p) for p in args.prompt]
-    check_length(model, prompts, args.max_new_tokens)
     kwargs = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_k": args.top_k,
               "top_p": args.top_p, "seed": args.seed, "stop_tokens": () if tok.EOS is None else (tok.EOS,),
               "cache": args.cache}
     with torch.inference_mode():
         if args.stream and len(prompts) == 1:
-            sys.stdout.write(args.prompt[0])
-            pending = []
-            for _, token in stream_generate(model, prompts, **kwargs):
-                pending.append(token)
-                text = tok.decode(pending)
-                if "\ufffd" not in text or len(pending) >= 4:  # wait for complete UTF-8 characters
-                    sys.stdout.write(text)
-                    sys.stdout.flush()
-                    pending = []
-            print()
+            _stream(stream_generate(source.model, prompts, **kwargs), args.prompt[0], tok)
             return 0
-        outputs = generate(model, prompts, **kwargs)
+        outputs = generate(source.model, prompts, **kwargs)
     for prompt, new in zip(args.prompt, outputs):
         print(prompt + tok.decode(new))
         if len(outputs) > 1:
@@ -58,15 +61,42 @@ def run(args) -> int:
     return 0
 
 
-def check_length(model, prompts, max_new_tokens: int) -> None:
-    """Refuse up front (not after printing half the text) a prompt + new tokens beyond the positions the model
-    has: learned position embeddings hold ``max_positions`` positions."""
-    from attnkit.errors import AttnkitValueError
+def _target(args) -> str:
+    if (args.target is None) == (args.checkpoint is None):
+        from attnkit.errors import AttnkitValueError
 
-    limit = getattr(getattr(model, "pos_embed", None), "max_positions", None)
-    longest = max(len(p) for p in prompts)
-    if isinstance(limit, int) and isinstance(max_new_tokens, int) and longest + max_new_tokens > limit:
-        raise AttnkitValueError(
-            f"--max-new-tokens {max_new_tokens} with a prompt of {longest} tokens needs {longest + max_new_tokens} "
-            f"positions, but the model's learned positions hold {limit}; pass --max-new-tokens "
-            f"{max(limit - longest, 0)} or less.")
+        raise AttnkitValueError(f"generate takes one target, got TARGET={args.target!r} and --checkpoint="
+                                f"{args.checkpoint!r}; pass a run folder, a Hugging Face folder, a preset or hf-*-tiny "
+                                "once (attnkit generate runs/demo --prompt ...).")
+    return args.target or args.checkpoint
+
+
+def _stream(tokens, prompt: str, tok) -> None:
+    sys.stdout.write(prompt)
+    pending = []
+    for _, token in tokens:
+        pending.append(token)
+        text = tok.decode(pending)
+        if "\ufffd" not in text or len(pending) >= 4:  # wait for complete UTF-8 characters
+            sys.stdout.write(text)
+            sys.stdout.flush()
+            pending = []
+    print()
+
+
+class IdTokenizer:
+    """``--ids``: a prompt is token ids separated by spaces or commas; the new tokens print as ids."""
+
+    EOS = None
+
+    def encode(self, text: str) -> list[int]:
+        from attnkit.errors import AttnkitValueError
+
+        try:
+            return [int(t) for t in text.replace(",", " ").split()]
+        except ValueError as exc:
+            raise AttnkitValueError(f"--ids: --prompt {text!r} is not token ids; pass ids separated by spaces, "
+                                    "e.g. --prompt \"1 5 7\".") from exc
+
+    def decode(self, ids) -> str:
+        return "".join(f" {int(i)}" for i in ids)

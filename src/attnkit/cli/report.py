@@ -44,15 +44,6 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
-def metrics_file(target: str) -> Path | None:
-    """The ``metrics.jsonl`` of a run folder, or of the run a checkpoint folder belongs to."""
-    path = Path(target)
-    for folder in (path, *path.parents[:2]):
-        if (folder / "metrics.jsonl").is_file():
-            return folder / "metrics.jsonl"
-    return None
-
-
 def run(args) -> int:
     import time
 
@@ -61,21 +52,23 @@ def run(args) -> int:
     from attnkit.diagnostics.report import MAX_TOKENS, check_length, check_out, report, shown, tokenize
     from attnkit.diagnostics.report.encode import human_bytes
     from attnkit.diagnostics.report.out import check_text
-    from attnkit.diagnostics.targets import load_target
+    from attnkit.runs import locate, open_source
 
     for flag in ("target", "text", "title", "compare", "out"):  # undecodable bytes: one typed line, no traceback
         if getattr(args, flag) is not None:
             check_text(f"--{flag}" if flag != "target" else "TARGET", str(getattr(args, flag)))
-    metrics = metrics_file(args.target)
-    out = args.out or (Path(args.target) / "report.html" if metrics is not None and Path(args.target).is_dir()
+    target = locate(args.target)
+    metrics = target.metrics
+    out = args.out or (target.path / "report.html" if metrics is not None and target.path.is_dir()
                        else Path("attention_report.html"))
     check_out(out, args.overwrite)  # the library's rules, before the model loads: a typo costs nothing
     torch.manual_seed(args.seed)
     start = time.perf_counter()
-    model, fresh = load_target(args.target, encoder=args.encoder)
+    source = open_source(target, encoder=args.encoder)
+    model, fresh = source.model, source.fresh
     title = args.title or f"attnkit report: {args.target}"
     max_tokens = MAX_TOKENS if args.max_tokens is None else args.max_tokens
-    ids, labels = tokenize(model, args.text, _run_tokenizer(args.target)) if args.text else (args.text, None)
+    ids, labels = tokenize(model, args.text, source.saved_hf_tokenizer) if args.text else (args.text, None)
     if args.text:
         check_length(ids.shape[1], max_tokens)  # before the doctor runs
     loaded = time.perf_counter()
@@ -105,22 +98,14 @@ def _extras(args, model, ids):
 
     import torch
 
-    from attnkit.diagnostics.targets import load_target
+    from attnkit.runs import open_source
 
     start, compare, importance = time.perf_counter(), None, None
     if args.compare is not None:
         torch.manual_seed(args.seed)
-        compare, _ = load_target(args.compare, encoder=args.encoder)
+        compare = open_source(args.compare, encoder=args.encoder).model
     if args.heads is not None:
         from attnkit.diagnostics.importance import head_importance
 
         importance = head_importance(model, ids, ablation=args.heads)
     return compare, importance, (time.perf_counter() - start if compare is not None or importance is not None else 0.0)
-
-
-def _run_tokenizer(target: str):
-    """The Hugging Face tokenizer saved with a converted run (``attnkit convert``), else None (bytes)."""
-    from attnkit.integrations.runs import run_tokenizer
-
-    found = run_tokenizer(target) if Path(target).is_dir() else None
-    return None if found is None else found.hf

@@ -13,7 +13,8 @@ A run folder is locked while it trains; a user error prints its message and exit
 from __future__ import annotations
 
 from attnkit.models.builders import PRESETS
-from attnkit.training.loop import MODEL_FLAGS, TrainConfig, train
+from attnkit.training.config import TrainConfig
+from attnkit.training.loop import train
 
 #: command-line flags that map one-to-one onto TrainConfig fields (dest -> field)
 FIELDS = {"run_dir": "run_dir", "preset": "preset", "data": "data", "val_fraction": "val_fraction",
@@ -21,6 +22,9 @@ FIELDS = {"run_dir": "run_dir", "preset": "preset", "data": "data", "val_fractio
           "warmup": "warmup", "weight_decay": "weight_decay", "clip": "clip", "precision": "precision",
           "eval_every": "eval_every", "eval_batches": "eval_batches", "ckpt_every": "ckpt_every", "keep": "keep",
           "seed": "seed", "device": "device", "context_parallel": "context_parallel"}
+#: the command-line flags that set a model field (flag dest -> LMConfig field)
+MODEL_FLAGS = {"positions": "positions", "kv_heads": "n_kv_heads", "window": "window", "backend": "backend",
+               "dropout": "dropout"}
 SWITCHES = {"no_doc_mask": "doc_mask", "grad_checkpointing": "grad_checkpointing", "overwrite": "overwrite",
             "overfit": "overfit", "samples": "samples", "no_progress": "progress"}
 
@@ -80,6 +84,13 @@ def add_parser(sub) -> None:
     p.set_defaults(run=run)
 
 
+def flag(name: str) -> str:
+    """The flag that sets the TrainConfig / LMConfig field (or the ``train`` argument) ``name``: how the trainer's
+    messages name it on the command line (``n_kv_heads`` -> ``--kv-heads``, ``init_from`` -> ``--init-from``)."""
+    dest = {field: dest for dest, field in {**FIELDS, **MODEL_FLAGS}.items()}.get(name, name)
+    return "--" + dest.replace("_", "-")
+
+
 def given_settings(args) -> set[str]:
     """The TrainConfig fields the user set on the command line."""
     given = {field for dest, field in FIELDS.items() if getattr(args, dest) is not None}
@@ -98,10 +109,7 @@ def config_from_args(args) -> TrainConfig:
     settings.update(doc_mask=not args.no_doc_mask, grad_checkpointing=args.grad_checkpointing,
                     overwrite=args.overwrite, overfit=args.overfit, samples=args.samples, progress=not args.no_progress,
                     time_budget=None if args.minutes is None else 60.0 * args.minutes)
-    if args.overfit:  # the sanity check's own defaults, unless given explicitly
-        for name, value in {"steps": 300, "warmup": 10, "weight_decay": 0.0, "lr": 3e-3, "eval_every": 50}.items():
-            settings.setdefault(name, value)
-    return TrainConfig(**settings)
+    return TrainConfig(**settings)  # overfit: TrainConfig's own defaults for what was not given
 
 
 def run(args) -> int:
@@ -111,7 +119,7 @@ def run(args) -> int:
 
         hooks.append(monitor_hook(args.monitor))
     result = train(config_from_args(args), resume=args.resume, init_from=args.init_from, given=given_settings(args),
-                   hooks=hooks)
+                   hooks=hooks, names=flag)
     if result.overfit_passed is not None:
         return 0 if result.overfit_passed else 1
     return 0

@@ -25,9 +25,10 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
+from attnkit._checks import positive_int
 from attnkit.diagnostics.capture import capture
 from attnkit.diagnostics.metrics import HealthThresholds, max_logit, record_metrics
-from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
+from attnkit.errors import AttnkitTypeError, describe
 
 LOGGER = logging.getLogger("attnkit.diagnostics")
 
@@ -53,9 +54,7 @@ class AttentionMonitor:
                  warn_uniform_after: int = 1, log_fn: Callable | None = None):
         if not isinstance(model, nn.Module):
             raise AttnkitTypeError(f"AttentionMonitor model must be a torch.nn.Module, got {describe(model)}.")
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise AttnkitValueError(f"every must be a positive int (steps between checks), got {describe(every)}; "
-                                    "use e.g. every=100.")
+        positive_int(every, "every", "the steps between checks, e.g. every=100.")
         self.model, self.inputs, self.every = model, inputs, every
         self.thresholds = thresholds or HealthThresholds()
         self.warn_uniform_after, self.log_fn = warn_uniform_after, log_fn
@@ -133,9 +132,7 @@ def monitor_hook(every: int = 100, *, thresholds: HealthThresholds | None = None
     at step 1 and every ``every`` steps it measures attention health on the first validation row (its documents
     and positions kept) and adds ``record["attention"] = {layer: {"verdicts", "max_logit", metrics...}}`` to the
     step's metrics.jsonl record, which ``attnkit report`` draws."""
-    if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-        raise AttnkitValueError(f"monitor every must be a positive int (steps between checks), got {describe(every)}; "
-                                "use e.g. --monitor 100.")
+    positive_int(every, "monitor every", "the steps between checks, e.g. --monitor 100.")
     state: dict = {}
 
     def hook(trainer, record: dict) -> None:

@@ -28,9 +28,7 @@ import torch
 from torch import nn
 
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
-
-HF_ENCODER_TYPES = {"bert", "roberta", "distilbert", "albert", "electra", "xlm-roberta", "deberta", "deberta-v2",
-                    "mpnet", "camembert", "modernbert"}
+from attnkit.integrations.hf.folders import HF_ENCODER_TYPES  # noqa: F401  (re-exported: the report reads it here)
 
 
 @dataclass

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from attnkit._checks import positive_int
 from attnkit._validation import check_scalar, check_tensors
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
 from attnkit.functional.reference import expand_kv
@@ -158,8 +159,7 @@ def linear_attention(q, k, v, *, feature_map: str | Callable = "elu1", causal: b
                                 "carry earlier tokens in state= instead of longer keys.")
     phi = resolve_feature_map(feature_map)
     eps = check_scalar(eps, "eps", low=0.0, high=float("inf"), low_open=True, fix="use a small positive eps like 1e-6.")
-    if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-        raise AttnkitValueError(f"chunk_size must be a positive int, got {describe(chunk_size)}; 64 is a good default.")
+    positive_int(chunk_size, "chunk_size", "64 is a good default.")
     if mode not in MODES:
         raise AttnkitValueError(f"mode must be one of {MODES}, got {mode!r}.")
     if not causal and (state is not None or return_state):

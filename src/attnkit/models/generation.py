@@ -31,6 +31,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
+from attnkit._checks import positive_int
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
 from attnkit.masks import MaskSpec, custom
 
@@ -119,18 +120,31 @@ def _check_args(model, prompts, max_new_tokens, temperature, top_k, top_p, stop_
                                 "own tokenizer.")
     if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
         raise AttnkitValueError(f"max_new_tokens must be an int >= 0, got {describe(max_new_tokens)}.")
+    _check_length(model, prompts, max_new_tokens)
     if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature) \
             or temperature < 0:
         raise AttnkitValueError(f"temperature must be a finite number >= 0, got {describe(temperature)}; 0 = greedy.")
     if temperature == 0 and (top_k is not None or top_p is not None):
         raise AttnkitValueError(f"top_k={top_k} / top_p={top_p} only apply when sampling, but temperature=0 "
                                 "(greedy); pass temperature > 0 (e.g. 1.0) or drop top_k/top_p.")
-    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
-        raise AttnkitValueError(f"top_k must be an int >= 1 or None, got {describe(top_k)}.")
+    if top_k is not None:
+        positive_int(top_k, "top_k", "or None (no top-k cut).")
     if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
         raise AttnkitValueError(f"top_p must be in (0, 1] or None, got {describe(top_p)}; e.g. 0.9.")
     if any(isinstance(t, bool) or not isinstance(t, int) for t in stop_tokens):
         raise AttnkitTypeError(f"stop_tokens must be a collection of int token ids, got {describe(stop_tokens)}.")
+
+
+def _check_length(model, prompts, max_new_tokens: int) -> None:
+    """Refuse up front (not after streaming half the text) a prompt + new tokens beyond the positions the model
+    has: learned position embeddings hold ``max_positions`` positions."""
+    limit = getattr(getattr(model, "pos_embed", None), "max_positions", None)
+    longest = max(len(p) for p in prompts)
+    if isinstance(limit, int) and longest + max_new_tokens > limit:
+        raise AttnkitValueError(
+            f"max_new_tokens={max_new_tokens} with a prompt of {longest} tokens needs {longest + max_new_tokens} "
+            f"positions, but the model's learned positions hold {limit}; pass max_new_tokens="
+            f"{max(limit - longest, 0)} or less (--max-new-tokens on the command line).")
 
 
 def stream_generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int = 64, temperature: float = 0.0,

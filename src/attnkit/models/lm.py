@@ -39,7 +39,6 @@ from attnkit.models.blocks import (  # noqa: F401  (re-exported: the names used 
     softmax_attention,
 )
 from attnkit.models.config import POSITIONS, LMConfig  # noqa: F401
-from attnkit.nn import LinearAttention
 from attnkit.nn.norms import make_norm
 from attnkit.positions import Learned, Sinusoidal
 
@@ -158,13 +157,14 @@ class TransformerLM(nn.Module):
         shared: dict[tuple, object] = {}  # one mask per (pattern, layer kind) for the whole forward
 
         def layer_mask(i: int, block: nn.Module):
-            # linear-attention layers read padding by key index (their state has no slots to reorder)
-            linear = isinstance(block.attn, LinearAttention)
-            key = (id(self.pattern(i)), linear)
+            # a layer kind that reads padding by key index (linear attention: its state has no slots to reorder)
+            # says so with `mask_by_key_index`; it gets the mask as built, not position-bound
+            by_index = getattr(block.attn, "mask_by_key_index", False)
+            key = (id(self.pattern(i)), by_index)
             if key not in shared:
                 mask = self.mask(doc_ids=doc_ids, key_is_real=key_is_real, positions=positions,
-                                 cached=cache is not None and not linear, layer=i)
-                if cache is None and not linear:  # bound once to this forward's positions, shared by the layers
+                                 cached=cache is not None and not by_index, layer=i)
+                if cache is None and not by_index:  # bound once to this forward's positions, shared by the layers
                     mask = masks.prepare(mask, L if positions is None else positions, batch=B)
                 shared[key] = mask
             return shared[key]

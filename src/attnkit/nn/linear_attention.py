@@ -65,6 +65,10 @@ class LinearAttention(nn.Module):
     (before the output projection) in training mode: there are no probabilities to drop.
     """
 
+    #: the layer reads padding by key index, from the mask as given (its recurrent state has no slots to reorder):
+    #: a model hands it the unprepared mask, not the cached, position-bound one (see ``TransformerLM.encode``)
+    mask_by_key_index = True
+
     def __init__(self, embed_dim: int, num_heads: int, *, num_kv_heads: int | None = None,
                  head_dim: int | None = None, dropout: float = 0.0, bias: bool = True, positions=None,
                  feature_map="elu1", chunk_size: int = 64, eps: float = 1e-6, init_std: float | None = None,

@@ -4,9 +4,12 @@
 >>> train(TrainConfig(run_dir="runs/tiny", steps=300))  # doctest: +SKIP
 """
 
-from attnkit.training.checkpoint import CheckpointError
+from attnkit.runs.read import CheckpointError, load_model
+from attnkit.training.config import TrainConfig
 from attnkit.training.data import ByteTokenizer, PackedDataset, load_documents, split_by_file
-from attnkit.training.loop import TrainConfig, Trainer, TrainResult, load_model, train
+from attnkit.training.loop import Trainer, TrainResult, train
+from attnkit.training.steps import TrainingDiverged, lm_loss, param_groups, verdict
 
-__all__ = ["ByteTokenizer", "CheckpointError", "PackedDataset", "TrainConfig", "TrainResult", "Trainer", "load_documents",
-           "load_model", "split_by_file", "train"]
+__all__ = ["ByteTokenizer", "CheckpointError", "PackedDataset", "TrainConfig", "TrainResult", "Trainer",
+           "TrainingDiverged", "load_documents", "load_model", "lm_loss", "param_groups", "split_by_file", "train",
+           "verdict"]

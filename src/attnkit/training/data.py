@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from attnkit.errors import AttnkitValueError
-from attnkit.models.io import ByteTokenizer  # noqa: F401  (the run's tokens: defined with the run reader)
+from attnkit.runs.tokens import ByteTokenizer  # noqa: F401  (the run's tokens: defined with the run reader)
 
 TEXT_SUFFIXES = (".txt", ".md", ".py", ".rst", ".json", ".c", ".h", ".js", ".html", ".csv", ".tex", ".toml", ".yaml")
 
@@ -174,3 +174,14 @@ def unigram_loss(train: PackedDataset, batches, vocab_size: int) -> float:
     logp = (counts / counts.sum()).log()  # (V,)
     targets = torch.cat([b.targets.flatten() for b in batches])
     return float(-logp[targets].mean())
+
+
+def data_fingerprint(docs) -> str:
+    """SHA-256 over the documents' names and bytes: the identity of a run's data."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for name, data in docs:
+        h.update(f"{len(name)}:{name}:{len(data)}:".encode())
+        h.update(data)
+    return h.hexdigest()

@@ -6,8 +6,8 @@ import hashlib
 import json
 from pathlib import Path
 
-from attnkit.models.io import read_metrics  # (defined with the run reader: the report reads metrics too)
-from attnkit.training.runs import replacing
+from attnkit.runs.read import read_metrics  # (defined with the run reader: the report reads metrics too)
+from attnkit.runs.write import replacing
 
 
 class MetricsWriter:

@@ -42,7 +42,7 @@ def test_report_on_a_run_folder_defaults_into_it_and_draws_its_curves(tmp_path, 
     import torch
 
     from attnkit.models.builders import build_lm
-    from attnkit.training import checkpoint
+    from attnkit.runs import write as checkpoint
 
     run = tmp_path / "run"
     run.mkdir()
@@ -80,7 +80,7 @@ def test_report_on_the_real_minilm_matches_its_eager_weights(tmp_path, capsys):
     import torch
 
     from attnkit.diagnostics.report.encode import STEP, decode_head
-    from attnkit.diagnostics.targets import load_target
+    from attnkit.runs import open_source
 
     folder = _minilm_folder()
     out = tmp_path / "minilm.html"
@@ -88,7 +88,7 @@ def test_report_on_the_real_minilm_matches_its_eager_weights(tmp_path, capsys):
     meta, blob = read_page(out.read_text())
     assert meta["labels"] == ["[CLS]", "attention", "is", "all", "you", "need", ".", "[SEP]"]
     assert len(meta["layers"]) == 6 and meta["layers"][0]["H"] == 12 and meta["masks"] == []  # encoder: no mask
-    model, _ = load_target(str(folder))
+    model = open_source(str(folder)).model
     model.set_attn_implementation("eager")
     with torch.no_grad():
         eager = model(input_ids=torch.tensor([meta["ids"]]), output_attentions=True).attentions

@@ -180,7 +180,7 @@ def test_hf_decoder_through_attnkit_shows_its_eager_weights_without_output_atten
     weights once; no second copy of every layer): what it shows still equals transformers' own eager weights."""
     pytest.importorskip("transformers")
     from attnkit.diagnostics.report import report
-    from attnkit.diagnostics.targets import hf_tiny
+    from attnkit.runs.source import hf_tiny
 
     torch.manual_seed(0)
     model = hf_tiny("hf-llama-tiny")  # 2 layers, 4 query heads on 2 KV heads, causal

@@ -8,7 +8,7 @@ import pytest
 from attnkit.cli.main import main
 from attnkit.diagnostics.monitor import monitor_hook
 from attnkit.errors import AttnkitValueError
-from attnkit.training.loop import train
+from attnkit.training import train
 from attnkit.training.metrics import read_metrics
 from training.train_helpers import cli_args, small_config
 
@@ -37,5 +37,5 @@ def test_cli_train_monitor_then_report_shows_the_verdicts(tmp_path, capsys):
 
 
 def test_monitor_every_must_be_positive():
-    with pytest.raises(AttnkitValueError, match="monitor every must be a positive int .*, got 0"):
+    with pytest.raises(AttnkitValueError, match="monitor every must be a positive int, got 0; the steps between checks"):
         monitor_hook(0)

@@ -270,7 +270,7 @@ def low_precision(subject, options) -> Outcome:
 # ------------------------------------------------------------------------------------------ backend agreement
 
 def _rule(out: torch.Tensor, ref: torch.Tensor, golden: torch.Tensor, factor: float = 2.0) -> tuple[bool, float, float]:
-    """The DESIGN tolerance rule: ``|out - golden| <= factor |ref_T - golden| + 4 eps(T) max(1, |golden|)``."""
+    """The tolerance rule of docs/conventions.md: ``|out - golden| <= factor |ref_T - golden| + 4 eps(T) max(1, |golden|)``."""
     err = float((out.double() - golden).abs().max())
     ref_err = float((ref.double() - golden).abs().max())
     floor = 4 * torch.finfo(out.dtype).eps * max(1.0, float(golden.abs().max()))

@@ -67,7 +67,7 @@ def tokenize(model: nn.Module, text: str, tokenizer=None) -> tuple[torch.Tensor,
         ids = tokenizer(text, return_tensors="pt")["input_ids"]  # (1, L)
         return ids, [t.replace("\u0120", "\u2423").replace("\u2581", "\u2423")
                      for t in tokenizer.convert_ids_to_tokens(ids[0].tolist())]
-    from attnkit.models.io import ByteTokenizer
+    from attnkit.runs.tokens import ByteTokenizer
 
     vocab = getattr(getattr(model, "config", None), "vocab_size", ByteTokenizer.vocab_size)
     if vocab != ByteTokenizer.vocab_size:
@@ -241,7 +241,7 @@ def report(model: nn.Module, tokens, *, out: str | Path | None = "attention_repo
         doctor_dict = examine(model, fresh=fresh, name=title or type(model).__name__).to_dict()
     records = metrics
     if isinstance(metrics, (str, Path)):
-        from attnkit.models.io import read_metrics
+        from attnkit.runs.read import read_metrics
 
         records = read_metrics(metrics)
     page = render(data, title=title or f"attnkit report: {type(model).__name__}", facts=_facts(model, data),

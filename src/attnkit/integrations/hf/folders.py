@@ -1,21 +1,20 @@
-"""Hugging Face folders: loading one safely, and the tokenizer that travels with a converted run.
+"""Hugging Face folders loaded safely: local files only, never the folder's code, every weight accounted for.
 
-``attnkit convert --hf PATH --out RUN_DIR`` (:mod:`attnkit.cli.convert`) writes the run the trainer would
-(``RUN_DIR/checkpoints/step_00000000/``), and the model's own tokenizer next to it (``RUN_DIR/tokenizer/``, by
-``AutoTokenizer.save_pretrained``, :func:`save_tokenizer`); :func:`attnkit.integrations.runs.run_tokenizer` finds it again, so
-``attnkit generate`` and the report speak the model's tokens instead of bytes.
+(A converted run and its tokenizer live in :mod:`attnkit.runs`: ``convert``, ``tokens``.)
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from attnkit.errors import AttnkitValueError
 from attnkit.integrations.remote_code import read_config
-from attnkit.integrations.runs import TOKENIZER_DIR  # noqa: F401  (re-exported)
+
+#: transformers model types that are bidirectional encoders (loaded with a masked-LM head, examined as encoders)
+HF_ENCODER_TYPES = {"bert", "roberta", "distilbert", "albert", "electra", "xlm-roberta", "deberta", "deberta-v2",
+                    "mpnet", "camembert", "modernbert"}
 
 
 def load_hf(path: str | Path, *, dtype: torch.dtype = torch.float32):
@@ -32,7 +31,7 @@ def load_hf(path: str | Path, *, dtype: torch.dtype = torch.float32):
     read_config(folder)  # refuses auto_map (custom code) first
     config = tf.AutoConfig.from_pretrained(folder, trust_remote_code=False, local_files_only=True)
     family = family_of(config.model_type)
-    auto = tf.AutoModelForCausalLM if family.causal_lm else tf.AutoModel
+    auto = tf.AutoModelForCausalLM if family.lm_head else tf.AutoModel  # BERT: the encoder (BertModel)
     return load_pretrained(auto, folder, optional=("pooler.",), dtype=dtype)  # BERT's pooler is not converted
 
 
@@ -68,38 +67,3 @@ def load_pretrained(auto, folder: Path, *, optional: tuple[str, ...] = (), **kwa
             f"{' ...' if len(missing) > 4 else ''}); transformers would fill them with random values. Restore the "
             "complete weight files (all shards of model.safetensors).")
     return model.eval()
-
-
-def save_tokenizer(path, where: Path) -> bool:
-    """Save the folder's tokenizer under ``where``; False when the folder has none."""
-    from transformers import AutoTokenizer
-
-    try:
-        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=False)
-    except (OSError, ValueError):  # a folder with weights but no tokenizer files
-        return False
-    tok.save_pretrained(where)
-    return True
-
-
-@dataclass
-class TextTokenizer:
-    """A Hugging Face tokenizer with the interface ``attnkit generate`` uses (``encode``, ``decode``, ``EOS``)."""
-
-    hf: object
-
-    @property
-    def EOS(self) -> int | None:  # noqa: N802  (ByteTokenizer's name)
-        return self.hf.eos_token_id
-
-    def encode(self, text: str) -> list[int]:
-        return list(self.hf.encode(text, add_special_tokens=False))
-
-    def decode(self, ids) -> str:
-        return self.hf.decode(list(ids), skip_special_tokens=True)
-
-    @classmethod
-    def load(cls, folder: str | Path) -> TextTokenizer:
-        from transformers import AutoTokenizer
-
-        return cls(AutoTokenizer.from_pretrained(folder, trust_remote_code=False))

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from attnkit._checks import positive_int
 from attnkit.errors import AttnkitValueError
 
 
@@ -65,8 +66,8 @@ def embed(model, tokenizer, sentences: list[str], *, normalize: bool = True, tru
     if isinstance(sentences, str) or not sentences:
         raise AttnkitValueError(f"sentences must be a non-empty list of strings, got {sentences!r}; wrap a single "
                                 "sentence in a list.")
-    if batch_size is not None and (not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1):
-        raise AttnkitValueError(f"batch_size must be a positive int or None, got {batch_size!r}; e.g. batch_size=32.")
+    if batch_size is not None:
+        positive_int(batch_size, "batch_size", "or None (one batch); e.g. batch_size=32.")
     sentences = list(sentences)
     if batch_size is None or batch_size >= len(sentences):
         return _embed_batch(model, tokenizer, sentences, normalize, truncate_to)

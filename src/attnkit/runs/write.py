@@ -15,15 +15,16 @@ final name (atomic on POSIX) and the parent is fsync'ed; only then are checkpoin
 crash at any moment leaves the previous checkpoint intact. Temporary folders a kill left behind are removed by
 the next run that holds the run folder's lock (:func:`clean_temporary`).
 
-Reading lives one level down, in :mod:`attnkit.models.io` (the doctor, the report and ``generate`` read runs
-without the trainer): only the checkpoint's own regular files under fixed names are opened, and the manifest and
+Reading lives in :mod:`attnkit.runs.read` (the doctor, the report and ``generate`` read runs without the
+trainer): only the checkpoint's own regular files under fixed names are opened, and the manifest and
 both file hashes are verified before any tensor is read; pickles (``torch.load``) are never used. This module
-writes with that module's format constants and :func:`~attnkit.models.io.manifest_bytes`, and restores what only
+writes with that module's format constants and :func:`~attnkit.runs.read.manifest_bytes`, and restores what only
 training needs (optimizer state, RNG states: :func:`load_checkpoint`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import shutil
@@ -34,8 +35,9 @@ import numpy as np
 import torch
 from safetensors.torch import load, load_file, save_file, save_model  # noqa: F401  (load_file: for callers)
 
-# the reader, re-exported for the trainer's callers (defined once, in attnkit.models.io)
-from attnkit.models.io import (  # noqa: F401
+# the reader, re-exported for the trainer's callers (defined once, in attnkit.runs.read)
+from attnkit.runs.read import (  # noqa: F401
+    CHECKPOINTS,
     FILES,
     FORMAT,
     MANIFEST,
@@ -54,10 +56,33 @@ from attnkit.models.io import (  # noqa: F401
 # ------------------------------------------------------------------------------------------------ write
 
 
+@contextlib.contextmanager
+def replacing(path: str | Path):
+    """Write the file ``path`` through a temporary file in its folder, renamed over ``path`` once complete: a symlink
+    (or hard link) at ``path`` is replaced, never written through, and a kill leaves the old file or the new one.
+
+    >>> with replacing(run / "config.json") as f:  # doctest: +SKIP
+    ...     f.write(b"{}")
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    try:
+        os.fchmod(fd, 0o644)
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
 def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None,
                     state: dict, *, keep: int = 2, extra_tensors: dict[str, torch.Tensor] | None = None) -> Path:
     """Write checkpoint ``step`` atomically under ``run_dir/checkpoints`` and keep the newest ``keep``."""
-    root = Path(run_dir) / "checkpoints"
+    root = Path(run_dir) / CHECKPOINTS
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:08d}"
     tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step_{step:08d}-", dir=root))
@@ -128,7 +153,7 @@ def _rng_json() -> dict:
 def clean_temporary(run_dir: str | Path) -> list[Path]:
     """Remove the ``.tmp-step_*`` folders of interrupted checkpoint writes; return what was removed.
     Call it only while holding the run folder's lock (a live writer's folder would go too)."""
-    root = Path(run_dir) / "checkpoints"
+    root = Path(run_dir) / CHECKPOINTS
     if not root.is_dir():
         return []
     removed = [p for p in root.iterdir() if p.name.startswith(".tmp-step_") and p.is_dir() and not p.is_symlink()]

@@ -7,12 +7,12 @@ from pathlib import Path
 import pytest
 
 from attnkit.cli.main import main
-from attnkit.diagnostics.targets import RemoteCodeRefused, load_target
+from attnkit.runs.source import RemoteCodeRefused, open_source
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 from train_helpers import small_config  # noqa: E402
 
-from attnkit.training.loop import train  # noqa: E402
+from attnkit.training import train  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -32,12 +32,38 @@ def trained_run(tmp_path_factory):
 def test_doctor_on_a_run_folder_the_trainer_wrote(trained_run, capsys):
     """issue 11 defect 4: the trainer's config.json made the loader take the run for a Hugging Face folder."""
     assert (trained_run / "config.json").is_file() and (trained_run / "checkpoints").is_dir()
-    model, fresh = load_target(str(trained_run))
+    source = open_source(str(trained_run))
+    model, fresh = source.model, source.fresh
     assert fresh is False and type(model).__name__ == "TransformerLM"
     assert main(["doctor", str(trained_run), "--checks", "causal-leak", "kv-cache"]) == 0
     out = capsys.readouterr().out
     assert "PASS  causal-leak" in out and "PASS  kv-cache" in out
-    assert load_target(str(trained_run / "config.json"))[1] is False  # the config file itself names the run too
+    assert open_source(str(trained_run / "config.json")).fresh is False  # the config file itself names the run too
+
+
+def test_open_source_says_what_each_target_is(trained_run, tmp_path):
+    """issue 20: one place turns a target into a model, its tokenizer, its metrics, its kind and whether its weights
+    were loaded (the doctor skips its initialisation checks on loaded weights)."""
+    from attnkit.runs import ByteTokenizer, locate
+    from attnkit.runs.read import list_checkpoints
+
+    newest = list_checkpoints(trained_run)[-1]
+    expected = {"nano": ("preset", False, True, None), str(trained_run): ("run", True, False, trained_run),
+                str(newest): ("checkpoint", True, False, trained_run)}
+    for target, (kind, loaded, fresh, run) in expected.items():
+        source = open_source(target)
+        assert (source.kind, source.loaded, source.fresh) == (kind, loaded, fresh), target
+        assert source.metrics == (None if run is None else run / "metrics.jsonl")
+        assert isinstance(source.tokenizer, ByteTokenizer) and not source.model.training
+    transformers = pytest.importorskip("transformers")
+    source = open_source("hf-llama-tiny")
+    assert (source.kind, source.loaded, source.fresh, source.tokenizer) == ("hf-tiny", False, True, None)
+    assert type(open_source("hf-llama-tiny", convert=True).model).__name__ == "TransformerLM"
+    config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=32)
+    config.save_pretrained(tmp_path / "hf")
+    assert locate(str(tmp_path / "hf")).kind == "hf-folder"
+    source = open_source(str(tmp_path / "hf"))  # a config without weights: random weights, nothing loaded
+    assert (source.loaded, source.fresh, source.metrics) == (False, True, None)
 
 
 def test_run_folder_before_its_first_checkpoint_says_so(tmp_path, trained_run):
@@ -65,7 +91,7 @@ def test_auto_map_model_is_refused_and_its_code_never_runs(tmp_path, capsys, mon
     monkeypatch.setattr("builtins.input", lambda *a, **k: "y")
     with pytest.raises(RemoteCodeRefused, match=r"custom code \(config.json has auto_map \['AutoConfig', "
                                                 r"'AutoModelForCausalLM'\]\); attnkit never runs"):
-        load_target(str(folder))
+        open_source(str(folder))
     assert main(["doctor", str(folder)]) == 2
     assert "never runs a model folder's Python code" in capsys.readouterr().err
     assert not marker.exists()
@@ -96,7 +122,8 @@ def test_hugging_face_folders_load_with_trust_remote_code_false(tmp_path, monkey
             return _original(klass, *args, **kwargs)
 
         monkeypatch.setattr(cls, "from_pretrained", classmethod(spy))
-    model, fresh = load_target(str(folder))
+    source = open_source(str(folder))
+    model, fresh = source.model, source.fresh
     assert fresh is None and type(model).__name__ == "GPT2LMHeadModel"
     assert ("AutoModelForCausalLM", False) in seen and all(flag is False for _, flag in seen), seen
 
@@ -104,4 +131,4 @@ def test_hugging_face_folders_load_with_trust_remote_code_false(tmp_path, monkey
 def test_a_config_that_is_not_json_is_a_typed_error(tmp_path):
     (tmp_path / "config.json").write_text("[1, 2")
     with pytest.raises(ValueError, match="config.json' is not a JSON object; a Hugging Face folder needs"):
-        load_target(str(tmp_path))
+        open_source(str(tmp_path))

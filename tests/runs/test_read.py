@@ -1,4 +1,4 @@
-"""Reading a run folder at the models level: the doctor, the report and ``generate`` load runs without the trainer."""
+"""Reading a run folder (attnkit.runs.read): the doctor, the report and ``generate`` load runs without the trainer."""
 
 import json
 import os
@@ -9,10 +9,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnkit.models import io
+import attnkit.training as training_loop
 from attnkit.models.builders import build_lm
-from attnkit.training import checkpoint, data, metrics
-from attnkit.training import loop as training_loop
+from attnkit.runs import read as io
+from attnkit.runs import tokens
+from attnkit.runs import write as checkpoint
+from attnkit.training import data, metrics
 
 SRC = Path(io.__file__).resolve().parents[2]
 
@@ -39,8 +41,8 @@ def test_the_doctor_loads_a_run_without_importing_the_trainer(run):
     """issue 11: "the doctor does not import training for loading" (the import walk checks the source; this checks
     what really runs: on the old main, load_target imported attnkit.training.loop)."""
     folder, _ = run
-    code = ("import sys\nfrom attnkit.diagnostics.targets import load_target\n"
-            f"model, fresh = load_target({str(folder)!r})\n"
+    code = ("import sys\nfrom attnkit.runs import open_source\n"
+            f"source = open_source({str(folder)!r}); model, fresh = source.model, source.fresh\n"
             "print(type(model).__name__, fresh, sorted(m for m in sys.modules if m.startswith('attnkit.training')))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "PYTHONPATH": str(SRC)})
@@ -49,10 +51,10 @@ def test_the_doctor_loads_a_run_without_importing_the_trainer(run):
 
 
 def test_the_trainer_uses_the_one_reader():
-    # nothing is duplicated: the trainer's names are the models-level reader's objects
+    # nothing is duplicated: the trainer's names are the run reader's objects
     assert checkpoint.read_state is io.read_state and checkpoint.CheckpointError is io.CheckpointError
     assert checkpoint.manifest_bytes is io.manifest_bytes and training_loop.load_model is io.load_model
-    assert data.ByteTokenizer is io.ByteTokenizer and metrics.read_metrics is io.read_metrics
+    assert data.ByteTokenizer is tokens.ByteTokenizer and metrics.read_metrics is io.read_metrics
 
 
 def test_a_run_folder_is_told_from_a_hugging_face_folder(run, tmp_path):
@@ -74,7 +76,7 @@ def test_a_run_folder_is_told_from_a_hugging_face_folder(run, tmp_path):
 def test_a_model_of_another_shape_is_refused_naming_the_tensor(run):
     folder, _ = run
     with pytest.raises(io.CheckpointError, match=r"does not fit the model: .* in the checkpoint but .* in the model "
-                                                 r"built from the config; .*attnkit.models.io.load_model does"):
+                                                 r"built from the config; .*attnkit.runs.load_model does"):
         io.load_weights(io.resolve(folder), build_lm("nano", dim=128))
 
 

@@ -18,41 +18,19 @@ import json
 import os
 import shutil
 import stat
-import tempfile
 from pathlib import Path
 
 from attnkit.errors import AttnkitValueError, EnvironmentUnsupportedError
-from attnkit.models.io import is_run_folder, open_regular
-from attnkit.training import checkpoint as ckpt
+from attnkit.runs import write as ckpt
+from attnkit.runs.read import CHECKPOINTS, LOSS_PLOT, METRICS, RUN_CONFIG, is_run_folder, open_regular
+from attnkit.runs.tokens import TOKENIZER_DIR
+from attnkit.runs.write import replacing
 
 LOCK = ".attnkit.lock"
 ASIDE = ".replaced"
 MOVING = ".moving.json"  # in ASIDE: the names set_aside moves, written before it moves any
 # what a run writes into its folder (a converted run also carries its model's tokenizer: a new run replaces it too)
-OUTPUTS = ("checkpoints", "config.json", "metrics.jsonl", "loss.png", "tokenizer")
-
-
-@contextlib.contextmanager
-def replacing(path: str | Path):
-    """Write the file ``path`` through a temporary file in its folder, renamed over ``path`` once complete: a symlink
-    (or hard link) at ``path`` is replaced, never written through, and a kill leaves the old file or the new one.
-
-    >>> with replacing(run / "config.json") as f:  # doctest: +SKIP
-    ...     f.write(b"{}")
-    """
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+OUTPUTS = (CHECKPOINTS, RUN_CONFIG, METRICS, LOSS_PLOT, TOKENIZER_DIR)
 
 
 class RunInUseError(EnvironmentUnsupportedError):

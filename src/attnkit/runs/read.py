@@ -1,12 +1,13 @@
 """A run folder read back, trusting nothing: the verified checkpoint, the model it holds, its tokens, its metrics.
 
-The trainer (``attnkit.training``) and ``attnkit convert`` write run folders; everything that only reads one
-(``attnkit doctor``, ``report``, ``generate``, a resume) reads it through this module, so the doctor and the
-report need nothing of the training code. A run folder::
+The trainer (``attnkit.training``) and ``attnkit convert`` write run folders (:mod:`attnkit.runs.write`,
+:mod:`attnkit.runs.convert`); everything that only reads one (``attnkit doctor``, ``report``, ``generate``, a resume)
+reads it through this module, so the doctor and the report need nothing of the training code. A run folder::
 
     RUN/config.json                      the trainer's settings and the run's identity (``run_id``)
     RUN/metrics.jsonl                    one JSON record per step (:func:`read_metrics`)
     RUN/checkpoints/step_NNNNNNNN/       state.json (the manifest), model.safetensors, optim.safetensors
+    RUN/loss.png, RUN/tokenizer/         the loss plot; a converted run's tokenizer (:mod:`attnkit.runs.tokens`)
 
 Reading a checkpoint (:func:`read_state`): only the checkpoint's own regular files under the fixed names
 ``state.json``, ``model.safetensors`` and ``optim.safetensors`` are opened (``O_NOFOLLOW``: no symlinks, no
@@ -14,10 +15,10 @@ devices, no FIFOs, no names taken from the manifest); the manifest's own hash, i
 file set, the step against the folder name and the run identity (against the run folder's ``config.json``, or
 without one, against the folder's other checkpoints) are verified, then both file hashes, before any tensor is read;
 each tensor file is read once, so the bytes loaded are the bytes hashed. Pickles (``torch.load``) are never used. The
-writer (``attnkit.training.checkpoint.save_checkpoint``) uses this module's format constants and
+writer (:func:`attnkit.runs.write.save_checkpoint`) uses this module's format constants and
 :func:`manifest_bytes`, so what is written is what is verified.
 
->>> from attnkit.models.io import load_model
+>>> from attnkit.runs import load_model
 >>> model = load_model("runs/demo")          # its newest checkpoint, verified, in eval mode  # doctest: +SKIP
 """
 
@@ -40,6 +41,9 @@ FORMAT = "attnkit-checkpoint-2"
 FILES = ("model.safetensors", "optim.safetensors")  # the hashed tensor files, by fixed name
 MANIFEST = "state.json"
 RUN_CONFIG = "config.json"
+METRICS = "metrics.jsonl"
+LOSS_PLOT = "loss.png"
+CHECKPOINTS = "checkpoints"
 MAX_MANIFEST_BYTES = 64 << 20
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 
@@ -85,7 +89,7 @@ def manifest_bytes(record: dict) -> bytes:
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
     """Finished checkpoint folders of a run, oldest first (temporary folders of interrupted writes ignored)."""
-    root = Path(run_dir) / "checkpoints"
+    root = Path(run_dir) / CHECKPOINTS
     if not root.is_dir():
         return []
     return sorted((p for p in root.iterdir() if STEP_DIR.match(p.name) and p.is_dir() and not p.is_symlink()),
@@ -124,6 +128,19 @@ def resolve(path: str | Path) -> Path:
         raise CheckpointError(f"no checkpoint found in {str(path)!r}: expected a run folder with checkpoints/step_* "
                               "or a checkpoint folder; train with `attnkit train --run-dir DIR` first.")
     return found[-1]
+
+
+def run_folder_of(ckpt: Path, named: str | Path | None = None, *, fix: str = "resume the run folder it belongs "
+                  "to, or start a new run (in a new folder) from its weights.") -> Path:
+    """The run folder of the checkpoint ``ckpt`` (named ``named`` by the user): it must be one of
+    ``RUN/checkpoints/step_*`` (a real folder, not a link), else a resume would take an unrelated grandparent
+    folder as the run and write into it. ``fix``: what the refusal tells the user to do instead."""
+    run_dir = ckpt.parent.parent
+    if ckpt.parent.name != CHECKPOINTS or ckpt not in list_checkpoints(run_dir):
+        raise CheckpointError(
+            f"{str(named or ckpt)!r}: {str(ckpt)!r} is not a checkpoint inside a run folder (RUN/checkpoints/"
+            f"step_NNNNNNNN, a folder, not a link), so there is no run to continue; {fix}")
+    return run_dir
 
 
 # ------------------------------------------------------------------------------------------------ verifying
@@ -195,7 +212,7 @@ def _check_run_identity(ckpt: Path, state: dict, fail) -> None:
     """A checkpoint inside ``RUN/checkpoints/`` must belong to RUN: the run_id in RUN/config.json. Without a readable
     config.json (a converted run writes none; a kill or a user may have removed it) every checkpoint of the folder
     must carry this checkpoint's run_id; a config.json that is a symlink is refused (it could name any run)."""
-    if ckpt.parent.name != "checkpoints":
+    if ckpt.parent.name != CHECKPOINTS:
         return
     run = ckpt.parent.parent
     if (run / RUN_CONFIG).is_symlink():
@@ -243,7 +260,7 @@ def load_verified_weights(ckpt: str | Path, model: torch.nn.Module, data: bytes)
             raise CheckpointError(
                 f"checkpoint {str(ckpt)!r} does not fit the model: {name} is {tuple(tensors[name].shape)} in the "
                 f"checkpoint but {expected[name]} in the model built from the config; build the model from the "
-                "checkpoint's own model_config (attnkit.models.io.load_model does).")
+                "checkpoint's own model_config (attnkit.runs.load_model does).")
     aliases = _remove_duplicate_names(model.state_dict(), preferred_names=tensors.keys())  # tied: stored once
     missing, unexpected = model.load_state_dict(tensors, strict=False)
     missing = set(missing) - {name for group in aliases.values() for name in group}
@@ -265,20 +282,6 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> Transfor
 # ------------------------------------------------------------------------------------------------ the rest of a run
 
 
-class ByteTokenizer:
-    """The tokens of a run the trainer wrote: UTF-8 bytes (0..255) plus ``EOS = 256``; ``vocab_size = 257``.
-    (A converted run carries its own tokenizer: ``attnkit.integrations.runs.run_tokenizer``.)"""
-
-    EOS = 256
-    vocab_size = 257
-
-    def encode(self, text: str) -> list[int]:
-        return list(text.encode("utf-8"))
-
-    def decode(self, ids) -> str:
-        return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
-
-
 def read_metrics(path: str | Path) -> list[dict]:
     """The records of a ``metrics.jsonl`` (none when it does not exist; a last line cut by a kill is dropped)."""
     path = Path(path)
@@ -291,3 +294,12 @@ def read_metrics(path: str | Path) -> list[dict]:
         except json.JSONDecodeError:  # a line cut by a kill: drop it
             break
     return records
+
+
+def metrics_file(path: str | Path) -> Path | None:
+    """The ``metrics.jsonl`` of a run folder, or of the run a checkpoint folder belongs to (None when none)."""
+    path = Path(path)
+    for folder in (path, *path.parents[:2]):
+        if (folder / METRICS).is_file():
+            return folder / METRICS
+    return None

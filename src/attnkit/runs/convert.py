@@ -1,0 +1,49 @@
+"""A Hugging Face model folder written as an attnkit run: the protocol behind ``attnkit convert``.
+
+The model is loaded and converted before the run folder is touched; the folder is then locked and checked as
+the trainer checks a new run's folder (:class:`attnkit.runs.folder.RunFolder`: refused when it holds a run or
+other files, unless ``overwrite``, which keeps the old run aside until the converted checkpoint is written). The
+run holds ``checkpoints/step_00000000/`` (no optimizer state) and the model's own tokenizer (``tokenizer/``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from attnkit.runs.folder import RunFolder
+from attnkit.runs.tokens import TOKENIZER_DIR, save_tokenizer
+from attnkit.runs.write import save_checkpoint
+
+
+def convert_folder(path: str | Path, out: str | Path, *, dtype: torch.dtype | None = None, overwrite: bool = False,
+                   log=print) -> Path:
+    """Convert the Hugging Face folder ``path`` into the attnkit run folder ``out``; return the checkpoint folder."""
+    import transformers
+
+    from attnkit.integrations.hf.convert import from_hf, source_dropout
+    from attnkit.integrations.hf.folders import load_hf
+
+    hf = load_hf(path, **({} if dtype is None else {"dtype": dtype}))
+    model = from_hf(hf)
+    source = {"path": str(Path(path).resolve()), "model_type": hf.config.model_type,
+              "transformers": transformers.__version__, "dropout": source_dropout(hf.config)}
+    folder = RunFolder(out, log=log, option="--out")
+    folder.check_fresh(overwrite)  # before creating anything (a refused folder is left exactly as it was)
+    folder.acquire()
+    try:
+        folder.check_fresh(overwrite)  # again under the lock
+        if overwrite:
+            folder.set_aside()
+        has_tokenizer = save_tokenizer(path, Path(out) / TOKENIZER_DIR)
+        state = {"model_config": model.config.to_dict(), "converted_from": source,
+                 "tokenizer": TOKENIZER_DIR if has_tokenizer else None}
+        where = save_checkpoint(out, 0, model, None, state, keep=0)  # the folder holds no other checkpoint
+        folder.committed()
+        return where
+    except BaseException:
+        folder.abandon()
+        raise
+    finally:
+        folder.release()

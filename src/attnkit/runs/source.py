@@ -1,0 +1,197 @@
+"""What a model target names, in one place: every command that takes a model (``doctor``, ``report``,
+``generate``) turns the user's string into a :class:`Source` here, and nowhere else.
+
+==================  =====================================================================  =============
+target              what is opened                                                          ``kind``
+==================  =====================================================================  =============
+``tiny``            ``attnkit.models.builders.build_lm("tiny")`` (any preset; fresh weights)  ``preset``
+``hf-gpt2-tiny``    GPT-2 from a 2-layer width-32 config, random weights (also               ``hf-tiny``
+                    ``hf-llama-tiny``, ``hf-bert-tiny``)
+``runs/demo``       an attnkit run folder (its newest checkpoint, verified)                    ``run``
+``runs/demo/c..``   one checkpoint folder of a run (``checkpoints/step_NNNNNNNN``)             ``checkpoint``
+``path/to/model``   a Hugging Face folder with config.json (weights loaded if present)         ``hf-folder``
+==================  =====================================================================  =============
+
+:func:`locate` only reads the string and the file system (cheap: a command checks its other arguments against
+it before loading anything); :func:`open_source` loads what it names.
+
+>>> from attnkit.runs import open_source
+>>> source = open_source("runs/demo")         # doctest: +SKIP
+>>> source.kind, source.loaded, source.tokenizer.encode("hi")  # doctest: +SKIP
+('run', True, [104, 105])
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+
+from torch import nn
+
+from attnkit.errors import AttnkitValueError, EnvironmentUnsupportedError
+from attnkit.integrations.remote_code import RemoteCodeRefused, read_config  # noqa: F401  (re-exported)
+from attnkit.runs.read import MANIFEST, is_checkpoint_or_run, load_model, metrics_file
+from attnkit.runs.tokens import ByteTokenizer, folder_tokenizer, run_tokenizer
+
+HF_TINY = {
+    "hf-gpt2-tiny": ("GPT2Config", "GPT2LMHeadModel",
+                     {"n_layer": 2, "n_embd": 32, "n_head": 4, "vocab_size": 128, "n_positions": 64,
+                      "bos_token_id": 1, "eos_token_id": 1}),
+    "hf-llama-tiny": ("LlamaConfig", "LlamaForCausalLM",
+                      {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "num_key_value_heads": 2,
+                       "intermediate_size": 64, "vocab_size": 128, "max_position_embeddings": 64,
+                       "bos_token_id": 1, "eos_token_id": 1, "pad_token_id": 0}),
+    "hf-bert-tiny": ("BertConfig", "BertForMaskedLM",
+                     {"num_hidden_layers": 2, "hidden_size": 32, "num_attention_heads": 4, "intermediate_size": 64,
+                      "vocab_size": 128, "max_position_embeddings": 64}),
+}
+
+KINDS = ("preset", "hf-tiny", "run", "checkpoint", "hf-folder")
+
+
+@dataclass(frozen=True)
+class Target:
+    """What a target string names, before anything is loaded: its ``kind`` (:data:`KINDS`), the string, and
+    the folder for the kinds that have one."""
+
+    kind: str
+    name: str
+    path: Path | None = None
+
+    @property
+    def metrics(self) -> Path | None:
+        """The run's ``metrics.jsonl`` (a run or one of its checkpoints), else None."""
+        return metrics_file(self.path) if self.kind in ("run", "checkpoint") else None
+
+
+@dataclass
+class Source:
+    """An opened target: the model (eval mode), its tokenizer (``encode``, ``decode``, ``EOS``; None when it has
+    none: a Hugging Face config without tokenizer files), its run's ``metrics.jsonl`` (or None), what it is.
+
+    ``loaded``: the weights were read from files (a run, a checkpoint, a Hugging Face folder with weights), so
+    checks that only make sense on a fresh initialisation do not apply. ``fresh``: the doctor's reading: True
+    for new weights, False for a trained checkpoint, None when unknown (a Hugging Face folder's weights)."""
+
+    model: nn.Module
+    target: Target
+    loaded: bool
+    fresh: bool | None
+    find_tokenizer: Callable[[], object | None] = field(default=lambda: None, repr=False)
+
+    @cached_property
+    def tokenizer(self):
+        """Looked for on first use (the doctor never needs one)."""
+        return self.find_tokenizer()
+
+    @property
+    def kind(self) -> str:
+        return self.target.kind
+
+    @property
+    def saved_hf_tokenizer(self):
+        """The Hugging Face tokenizer a converted run saved (``attnkit convert``), else None (bytes, or a Hugging
+        Face model, whose own folder ``attnkit.diagnostics.report.tokenize`` reads)."""
+        return getattr(self.tokenizer, "hf", None) if self.kind in ("run", "checkpoint") else None
+
+    @property
+    def metrics(self) -> Path | None:
+        return self.target.metrics
+
+
+def locate(target: str) -> Target:
+    """The kind of ``target`` (see the module table). An attnkit run folder is recognised before a Hugging Face
+    folder (the trainer writes a ``config.json`` too); a ``config.json`` path names its folder."""
+    from attnkit.models.builders import PRESETS
+
+    if target in PRESETS:
+        return Target("preset", target)
+    if target in HF_TINY:
+        return Target("hf-tiny", target)
+    path = Path(target)
+    if path.is_file() and path.name == "config.json":
+        path = path.parent
+    if path.is_dir() and is_checkpoint_or_run(path):
+        return Target("checkpoint" if (path / MANIFEST).is_file() else "run", target, path)
+    if (path / "config.json").is_file():
+        return Target("hf-folder", target, path)
+    raise AttnkitValueError(
+        f"target {target!r} is not a preset ({sorted(PRESETS)}), a small Hugging Face config "
+        f"({sorted(HF_TINY)}), an attnkit run/checkpoint folder, or a Hugging Face folder with config.json; "
+        "check the spelling or the path."
+    )
+
+
+def open_source(target: str | Target, *, encoder: bool = False, convert: bool = False,
+                device: str = "cpu") -> Source:
+    """Open ``target`` (a string, see the module table, or a :class:`Target` from :func:`locate`).
+
+    ``encoder``: build a preset as a bidirectional encoder (and load a Hugging Face folder with its masked-LM
+    head). ``convert``: a Hugging Face model (folder or ``hf-*-tiny``) is converted to attnkit's model
+    (:func:`attnkit.integrations.hf.convert.from_hf`, what ``attnkit convert`` writes), for the commands that
+    need attnkit's decoder protocol (``generate``); else the transformers model itself is returned.
+    Random weights (presets, ``hf-*-tiny``) are drawn from the caller's torch RNG."""
+    where = locate(target) if isinstance(target, str) else target
+    if where.kind == "preset":
+        from attnkit.models.builders import build_encoder, build_lm
+
+        model = (build_encoder(where.name) if encoder else build_lm(where.name)).eval()
+        return Source(model.to(device), where, False, True, lambda: _byte_tokenizer(model))
+    if where.kind in ("run", "checkpoint"):
+        model = load_model(where.path, device)
+        return Source(model, where, True, False, lambda: run_tokenizer(where.path) or _byte_tokenizer(model))
+    if where.kind == "hf-tiny":
+        model, loaded, tokenizer = hf_tiny(where.name), False, lambda: None
+    elif convert:  # what `attnkit convert` loads
+        from attnkit.integrations.hf.folders import load_hf
+
+        model, loaded, tokenizer = load_hf(where.path), True, lambda: folder_tokenizer(where.path)
+    else:
+        model, fresh = load_hf_folder(where.path, encoder=encoder)
+        loaded, tokenizer = not fresh, lambda: folder_tokenizer(where.path)
+    if convert:
+        from attnkit.integrations.hf.convert import from_hf
+
+        model = from_hf(model).eval()
+    return Source(model.to(device), where, loaded, None if loaded else True, tokenizer)
+
+
+def _byte_tokenizer(model: nn.Module) -> ByteTokenizer | None:
+    """The byte tokenizer when the model's vocabulary is the byte tokenizer's (an attnkit LM), else None."""
+    vocab = getattr(getattr(model, "config", None), "vocab_size", None)
+    return ByteTokenizer() if vocab == ByteTokenizer.vocab_size else None
+
+
+def _transformers():
+    try:
+        import transformers
+    except ImportError as exc:
+        raise EnvironmentUnsupportedError(f"Hugging Face targets need the transformers package ({exc}); install it "
+                                          "with pip install transformers.") from exc
+    transformers.logging.set_verbosity_error()
+    return transformers
+
+
+def hf_tiny(name: str):
+    """A small Hugging Face model with random weights (seeded by the caller's torch RNG)."""
+    tf = _transformers()
+    config_cls, model_cls, kwargs = HF_TINY[name]
+    return getattr(tf, model_cls)(getattr(tf, config_cls)(**kwargs)).eval()
+
+
+def load_hf_folder(path: Path, *, encoder: bool = False):
+    """``(model, fresh)`` for a Hugging Face folder, never running its code: ``trust_remote_code=False`` and
+    a config with ``auto_map`` (custom modelling code in the folder) is refused with :class:`RemoteCodeRefused`.
+    ``fresh`` is True for a config without weights (random weights), None for weights of unknown training."""
+    from attnkit.integrations.hf.folders import HF_ENCODER_TYPES, load_pretrained
+
+    read_config(path)  # refuses auto_map (custom code) before transformers sees the folder
+    tf = _transformers()
+    config = tf.AutoConfig.from_pretrained(path, trust_remote_code=False, local_files_only=True)
+    auto = tf.AutoModelForMaskedLM if encoder or config.model_type in HF_ENCODER_TYPES else tf.AutoModelForCausalLM
+    if any(path.glob("*.safetensors")) or any(path.glob("*.bin")):
+        # an encoder's masked-LM head may be absent (a sentence-embedding checkpoint): only attention is examined
+        return load_pretrained(auto, path, optional=("cls.", "pooler.")), None
+    return auto.from_config(config, trust_remote_code=False).eval(), True

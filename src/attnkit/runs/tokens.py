@@ -1,0 +1,77 @@
+"""The tokens of a run: bytes for a run the trainer wrote, the model's own tokenizer for a converted one.
+
+``attnkit convert`` saves the Hugging Face tokenizer as ``RUN_DIR/tokenizer/`` (:func:`save_tokenizer`);
+:func:`run_tokenizer` finds it again, so ``attnkit generate`` and the report speak the model's tokens instead of
+bytes. transformers is imported only when a run has a saved tokenizer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+TOKENIZER_DIR = "tokenizer"
+
+
+class ByteTokenizer:
+    """The tokens of a run the trainer wrote: UTF-8 bytes (0..255) plus ``EOS = 256``; ``vocab_size = 257``.
+    (A converted run carries its own tokenizer: :func:`run_tokenizer`.)"""
+
+    EOS = 256
+    vocab_size = 257
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids) -> str:
+        return bytes(int(i) for i in ids if 0 <= int(i) < 256).decode("utf-8", errors="replace")
+
+
+@dataclass
+class TextTokenizer:
+    """A Hugging Face tokenizer with the interface ``attnkit generate`` uses (``encode``, ``decode``, ``EOS``)."""
+
+    hf: object
+
+    @property
+    def EOS(self) -> int | None:  # noqa: N802  (ByteTokenizer's name)
+        return self.hf.eos_token_id
+
+    def encode(self, text: str) -> list[int]:
+        return list(self.hf.encode(text, add_special_tokens=False))
+
+    def decode(self, ids) -> str:
+        return self.hf.decode(list(ids), skip_special_tokens=True)
+
+    @classmethod
+    def load(cls, folder: str | Path) -> TextTokenizer:
+        from transformers import AutoTokenizer
+
+        return cls(AutoTokenizer.from_pretrained(folder, trust_remote_code=False))
+
+
+def folder_tokenizer(path: str | Path) -> TextTokenizer | None:
+    """The tokenizer of a Hugging Face folder, or None when it has none (weights but no tokenizer files)."""
+    try:
+        return TextTokenizer.load(path)
+    except (OSError, ValueError):
+        return None
+
+
+def save_tokenizer(path: str | Path, where: Path) -> bool:
+    """Save the tokenizer of the Hugging Face folder ``path`` under ``where``; False when the folder has none."""
+    found = folder_tokenizer(path)
+    if found is None:
+        return False
+    found.hf.save_pretrained(where)
+    return True
+
+
+def run_tokenizer(path: str | Path) -> TextTokenizer | None:
+    """The saved tokenizer of the run at ``path`` (the run folder or one of its checkpoints), or None when the
+    run has none (a run the trainer wrote: bytes)."""
+    path = Path(path)
+    for folder in (path, path.parent.parent):
+        if (folder / TOKENIZER_DIR / "tokenizer_config.json").is_file():
+            return TextTokenizer.load(folder / TOKENIZER_DIR)
+    return None
