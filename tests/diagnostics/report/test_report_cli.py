@@ -106,7 +106,7 @@ def test_report_compare_shows_an_earlier_checkpoint_of_the_run(tmp_path, capsys)
     from attnkit.diagnostics.report import tokenize
     from attnkit.diagnostics.report.encode import STEP, decode_head
     from attnkit.models.builders import build_lm
-    from attnkit.training import checkpoint
+    from attnkit.runs import write as checkpoint
     from conftest import math_weights
 
     run = tmp_path / "run"
@@ -164,7 +164,7 @@ def test_report_heads_adds_the_importance_panel(tmp_path, capsys):
 def test_report_of_a_run_never_writes_through_its_report_link(tmp_path, capsys):
     """Issue 21 item 3 as reported: RUN/report.html -> ~/.bashrc, the default --out of `attnkit report RUN`."""
     from attnkit.models.builders import build_lm
-    from attnkit.training import checkpoint
+    from attnkit.runs import write as checkpoint
 
     run = tmp_path / "run"
     run.mkdir()
