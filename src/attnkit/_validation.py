@@ -16,7 +16,6 @@ from attnkit._bias import StructuredBias
 from attnkit._checks import number as check_scalar
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
 from attnkit.masks import MaskSpec, PreparedMask, default_positions
-from attnkit.masks.dense import check_default_alignment
 
 
 @dataclass(frozen=True)
@@ -225,12 +224,6 @@ def build_call(q, k, v, mask=None, *, bias=None, scale=None, softcap=None, dropo
     shape = (B, H, Lq, k.shape[2])
     check_mask(mask, shape, q.device)
     check_bias(bias, shape, H)
-    reads = [what for what, on in ((f"mask {mask!r}", getattr(mask, "positional", False)),
-                                   (f"bias {type(bias).__name__}", isinstance(bias, StructuredBias))) if on]
-    if q_positions is None and reads and k.shape[2] > 0:  # (no key: every row is 0 wherever it sits)
-        verb = "read" if len(reads) > 1 else "reads"
-        check_default_alignment(Lq, k.shape[2], f"{' and '.join(reads)} {verb} positions; pass q_positions= (and "
-                                "kv_positions=) with the absolute positions of this call's tokens")
     scale = 1.0 / math.sqrt(D) if scale is None else check_scalar(
         scale, "scale", low=0.0, high=math.inf, low_open=True, fix="omit it for the default 1/sqrt(head_dim).")
     if softcap is not None:

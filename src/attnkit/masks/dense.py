@@ -12,18 +12,13 @@ from attnkit.masks.spec import BoundMask, MaskContext, MaskSpec
 
 
 def default_positions(q_len: int, kv_len: int, device: torch.device | str | None = None):
-    """Bottom-right aligned defaults: keys at ``arange(Lk)``, queries at the last Lq of them. ``(1, L)`` each."""
+    """Bottom-right aligned defaults: keys at ``arange(Lk)``, queries at the last Lq of them. ``(1, L)`` each.
+
+    With Lq > Lk the first Lq - Lk queries sit at negative positions, before every key (flash-attn's and
+    PyTorch's ``causal_lower_right``): a causal or window mask gives them no visible key, so their rows are 0."""
     kv = torch.arange(kv_len, device=device).unsqueeze(0)  # (1, Lk)
     q = torch.arange(kv_len - q_len, kv_len, device=device).unsqueeze(0)  # (1, Lq); starts below 0 when Lq > Lk
     return q, kv
-
-
-def check_default_alignment(q_len: int, kv_len: int, fix: str) -> None:
-    """Default positions put the queries at the last Lq key positions: Lq > Lk would give queries negative
-    positions (rows of a causal mask that see nothing). Raise the typed error for it, with ``fix``."""
-    if q_len > kv_len:
-        raise AttnkitValueError(f"q_positions length {q_len} exceeds kv_positions length {kv_len}; with default "
-                                f"positions queries are the last Lq keys, so Lq <= Lk: {fix}.")
 
 
 def _as_positions(value: torch.Tensor | int, name: str) -> torch.Tensor | int:
@@ -53,8 +48,6 @@ def context_for(
     if isinstance(qp, int) or isinstance(kvp, int):
         q_len = qp if isinstance(qp, int) else qp.shape[1]
         kv_len = kvp if isinstance(kvp, int) else kvp.shape[1]
-        if isinstance(qp, int) and isinstance(kvp, int):
-            check_default_alignment(q_len, kv_len, "pass position tensors instead of lengths")
         dq, dkv = default_positions(q_len, kv_len, device)
         qp = dq if isinstance(qp, int) else qp
         kvp = dkv if isinstance(kvp, int) else kvp

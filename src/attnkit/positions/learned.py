@@ -44,6 +44,8 @@ class Learned(nn.Module):
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
         check_position_ids(positions)
         if positions.numel():
+            if torch.compiler.is_compiling():  # no host reads: a compiled decode step would specialise on each
+                return self.embedding(positions.long())  # step's values and compile again (lengths checked up front)
             low, high = int(positions.min()), int(positions.max())
             if low < 0:
                 raise AttnkitValueError(f"positions must be >= 0, got value {low}; learned positions are absolute "
