@@ -51,6 +51,8 @@ RELATIVE_MIN_KEYS = 256
 
 class BlockSparseBackend:
     name = "blocksparse"
+    ranks_by_signature = True  # supports/rank read the call's signature and prepared mask (its memo) only
+    traceable = False  # data-dependent plans (block covers, bool(...) checks) break torch.compile graphs
 
     def rank(self, call: AttentionCall) -> Rank:
         structure = skippable_structure(call)

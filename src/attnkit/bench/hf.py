@@ -25,6 +25,8 @@ from attnkit._hooks import add_observer, remove_observer
 from attnkit.bench.common import RESULTS_DIR, round_robin, write_results
 from attnkit.errors import AttnkitError, AttnkitValueError
 
+SUMMARY = "Hugging Face models with attn_implementation='attnkit' vs 'sdpa' (sliding window at 4096; MiniLM; generate)"
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seq-len", type=int, default=4096)

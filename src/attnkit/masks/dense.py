@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import torch
 
+from attnkit._checks import position_ids
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
 from attnkit.masks.spec import BoundMask, MaskContext, MaskSpec
 
@@ -25,10 +26,7 @@ def _as_positions(value: torch.Tensor | int, name: str) -> torch.Tensor | int:
     if isinstance(value, bool) or not isinstance(value, (int, torch.Tensor)):
         raise AttnkitTypeError(f"{name} must be an int64 tensor (L,)/(B, L) or a length int, got {describe(value)}.")
     if isinstance(value, torch.Tensor):
-        if value.dtype.is_floating_point or value.dtype == torch.bool or value.dim() not in (1, 2):
-            raise AttnkitValueError(f"{name} must be an integer tensor of shape (L,) or (B, L), got {describe(value)}; "
-                                    "pass absolute token positions, e.g. torch.arange(L).")
-        return value.long().reshape(value.shape[0] if value.dim() == 2 else 1, value.shape[-1])  # (B|1, L)
+        return position_ids(value, name, length=value.shape[-1] if value.dim() else None)  # (B|1, L)
     if value < 0:
         raise AttnkitValueError(f"{name} as a length must be >= 0, got {value}.")
     return value

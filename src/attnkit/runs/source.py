@@ -181,17 +181,33 @@ def hf_tiny(name: str):
     return getattr(tf, model_cls)(getattr(tf, config_cls)(**kwargs)).eval()
 
 
+def hf_class(tf, config, *, encoder: bool = False):
+    """The class that holds a folder's weights: the first of ``config.architectures`` that transformers has
+    (all-MiniLM-L6-v2: ``BertModel``, never a head the folder lacks), else the Auto class of the model type;
+    ``encoder`` asks for the masked-LM head explicitly."""
+    from attnkit.integrations.hf.folders import HF_ENCODER_TYPES
+
+    if encoder:
+        return tf.AutoModelForMaskedLM
+    for name in getattr(config, "architectures", None) or ():
+        if isinstance(name, str) and isinstance(getattr(tf, name, None), type):
+            return getattr(tf, name)
+    return tf.AutoModelForMaskedLM if config.model_type in HF_ENCODER_TYPES else tf.AutoModelForCausalLM
+
+
 def load_hf_folder(path: Path, *, encoder: bool = False):
     """``(model, fresh)`` for a Hugging Face folder, never running its code: ``trust_remote_code=False`` and
     a config with ``auto_map`` (custom modelling code in the folder) is refused with :class:`RemoteCodeRefused`.
-    ``fresh`` is True for a config without weights (random weights), None for weights of unknown training."""
-    from attnkit.integrations.hf.folders import HF_ENCODER_TYPES, load_pretrained
+    The model is the class that holds the weights (:func:`hf_class`: no randomly initialised head). ``fresh``
+    is True for a config without weights (random weights), None for weights of unknown training."""
+    from attnkit.integrations.hf.folders import load_pretrained
 
     read_config(path)  # refuses auto_map (custom code) before transformers sees the folder
     tf = _transformers()
     config = tf.AutoConfig.from_pretrained(path, trust_remote_code=False, local_files_only=True)
-    auto = tf.AutoModelForMaskedLM if encoder or config.model_type in HF_ENCODER_TYPES else tf.AutoModelForCausalLM
+    auto = hf_class(tf, config, encoder=encoder)
     if any(path.glob("*.safetensors")) or any(path.glob("*.bin")):
-        # an encoder's masked-LM head may be absent (a sentence-embedding checkpoint): only attention is examined
-        return load_pretrained(auto, path, optional=("cls.", "pooler.")), None
-    return auto.from_config(config, trust_remote_code=False).eval(), True
+        # with --encoder an encoder's masked-LM head may be absent (a sentence-embedding checkpoint)
+        return load_pretrained(auto, path, optional=("cls.", "pooler.") if encoder else ("pooler.",)), None
+    model = auto.from_config(config, trust_remote_code=False) if hasattr(auto, "from_config") else auto(config)
+    return model.eval(), True
