@@ -17,6 +17,7 @@ import sys
 
 import attnkit.cli as _package
 from attnkit.errors import AttnkitError
+from attnkit.training.interrupt import TrainingInterrupted
 
 _NOT_COMMANDS = {"main"}
 
@@ -49,6 +50,17 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.run(args) or 0)
+    except TrainingInterrupted as exc:  # Ctrl-C / SIGTERM during training: the step is checkpointed
+        if debug:
+            raise
+        print(f"attnkit {args.command}: {exc}", file=sys.stderr)
+        print(f"resume with: attnkit train --resume {exc.run_dir}", file=sys.stderr)
+        return 128 + exc.signum
+    except KeyboardInterrupt:  # Ctrl-C anywhere else: nothing half-written (writes are atomic), no traceback
+        if debug:
+            raise
+        print(f"attnkit {args.command}: interrupted", file=sys.stderr)
+        return 130
     except AttnkitError as exc:  # a user error: the typed message (it names the value and the fix) alone
         if debug:
             raise

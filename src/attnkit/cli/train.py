@@ -65,7 +65,8 @@ def add_parser(sub) -> None:
     p.add_argument("--grad-checkpointing", action="store_true", help="recompute each block in backward")
     opt("--eval-every", "steps between validation passes", type=int)
     opt("--eval-batches", "validation batches per pass", type=int)
-    opt("--ckpt-every", "steps between checkpoints", type=int)
+    opt("--ckpt-every", "steps between checkpoints (default: a tenth of the run, at most 100; Ctrl-C or SIGTERM also "
+        "checkpoints the current step)", type=int)
     opt("--keep", "checkpoints kept", type=int)
     opt("--seed", "random seed", type=int)
     opt("--device", "auto, cpu, cuda or cuda:N")

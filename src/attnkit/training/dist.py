@@ -84,6 +84,15 @@ def mean(value: torch.Tensor, ctx: DistContext) -> torch.Tensor:
     return value
 
 
+def any_rank(flag: bool, ctx: DistContext) -> bool:
+    """True on every rank when ``flag`` is True on any rank (one all-reduce; the flag itself in one process)."""
+    if not ctx.enabled:
+        return flag
+    value = torch.tensor([int(flag)], device=ctx.device)
+    dist.all_reduce(value, op=dist.ReduceOp.MAX)
+    return bool(value.item())
+
+
 def gather_rng(ctx: DistContext) -> dict[str, torch.Tensor]:
     """Every rank's torch CPU RNG state, as ``rng.torch.rank<r>`` (empty in one process)."""
     if not ctx.enabled:

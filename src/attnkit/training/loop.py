@@ -45,6 +45,7 @@ from attnkit.training.config import (  # noqa: F401  (RESUME_HONOURS, TrainConfi
     setting,
 )
 from attnkit.training.data import ByteTokenizer, PackedDataset, data_fingerprint, load_documents, split_by_file, unigram_loss
+from attnkit.training.interrupt import StopRequest, TrainingInterrupted, stop_requests
 from attnkit.training.metrics import MetricsWriter, plot_loss
 from attnkit.training.precision import choose_precision
 from attnkit.training.sampling import sample_text
@@ -90,6 +91,7 @@ class Trainer:
     def __init__(self, config: TrainConfig, *, resume: str | Path | None = None, init_from: str | Path | None = None,
                  given: set[str] | frozenset[str] = frozenset(), log=print, names=setting):
         self.ddp, self.folder, self._failed, self.ctx = None, None, False, None
+        self._stop = StopRequest()  # replaced by the one run() installs for SIGINT/SIGTERM
         self.hooks: list = []  # hook(trainer, record) after each step (main process), see train()
         self.names = names
         try:
@@ -273,7 +275,8 @@ class Trainer:
     def run(self) -> TrainResult:
         """Train to the last step; the process group and the run folder are released on every exit path."""
         try:
-            return self._run()
+            with stop_requests() as self._stop:  # SIGINT/SIGTERM: checkpoint after the current step, then stop
+                return self._run()
         except BaseException:
             self._failed = True
             raise
@@ -358,6 +361,9 @@ class Trainer:
         bar = progress_bar(c.progress and self.ctx.is_main, self.total_steps, self.step)
         self.model.train()  # (the loop reads self.ddp each time: no local may keep DDP alive, see close())
         loss_value, val_loss, start, tokens_done = float("nan"), None, time.perf_counter(), 0
+        every = record.checkpoint_interval(c.ckpt_every, self.total_steps)
+        if self.step == 0 and c.ckpt_every is None:
+            self.log(f"checkpoints every {every} steps ({self.names('ckpt_every')} changes it) and on Ctrl-C/SIGTERM")
         while self.step < self.total_steps:
             loss_value, grad_norm, lr = optimizer_step(self, self.step + 1)
             self.step += 1
@@ -378,8 +384,13 @@ class Trainer:
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss_value:.3f}", tok_s=f"{entry['tok_per_s']:,.0f}",
                                 **({"val": f"{val_loss:.3f}"} if val_loss is not None else {}))
-            if self.step % c.ckpt_every == 0 or self.step == self.total_steps:
+            saved = self.step % every == 0 or self.step == self.total_steps
+            if saved:
                 self.save()
+            if dist.any_rank(self._stop.signum is not None, self.ctx):  # every rank stops after the same step
+                if bar is not None:
+                    bar.close()
+                self._interrupted(saved)
         if bar is not None:
             bar.close()
         return loss_value, val_loss
@@ -393,6 +404,19 @@ class Trainer:
             f"training stopped at step {step}: the loss is {loss} and the gradient norm {grad_norm} (lr {lr:.3g}); "
             f"nothing was saved for this step, {kept}. Usual causes: a learning rate too high ({n('lr')} "
             f"{self.config.lr:g}), no warmup, or bf16 overflow (try {n('precision')} fp32).")
+
+    def _interrupted(self, saved: bool) -> None:
+        """A stop was requested (on some rank): checkpoint this step unless it just was, and raise."""
+        if not saved:
+            self.save()
+        if self.metrics is not None:
+            self.metrics.close()
+        newest = ckpt.list_checkpoints(self.run_dir)[-1] if self.ctx.is_main else None
+        raise TrainingInterrupted(
+            f"stopped by {self._stop.name if self._stop.signum is not None else 'another rank'} after step "
+            f"{self.step}/{self.total_steps}: checkpoint {newest} written; continue the run with "
+            f"{self.names('resume')} {self.run_dir}", run_dir=self.run_dir, step=self.step, checkpoint=newest,
+            signum=self._stop.signum or 15)
 
     def save(self) -> None:
         """Checkpoint the current step (see :func:`attnkit.training.record.save`)."""
