@@ -29,6 +29,8 @@ import json
 import os
 import re
 import stat
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -282,18 +284,58 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> Transfor
 # ------------------------------------------------------------------------------------------------ the rest of a run
 
 
-def read_metrics(path: str | Path) -> list[dict]:
-    """The records of a ``metrics.jsonl`` (none when it does not exist; a last line cut by a kill is dropped)."""
+#: the fields of a metrics record that are numbers when present (``step`` is an int >= 0 in every record)
+METRIC_NUMBERS = ("loss", "val_loss", "val_ppl", "lr", "grad_norm", "tokens", "tok_per_s", "cp_bytes_sent")
+
+
+def read_metrics(path: str | Path, on_skip: Callable[[str], None] | None = None) -> list[dict]:
+    """The records of a ``metrics.jsonl`` (none when it does not exist). A line that is not a record of a step (cut
+    by a kill, edited: not JSON, no int ``step``, a non-number in a number field, an ``attention`` entry of another
+    shape) is skipped and every other record kept; ``on_skip(message)`` hears what was skipped (default: a warning)."""
     path = Path(path)
     if not path.exists():
         return []
-    records = []
-    for line in path.read_text().splitlines():
+    records, skipped = [], []
+    try:
+        with open_regular(path) as f:
+            lines = f.read().decode("utf-8", errors="replace").splitlines()
+    except OSError as exc:  # a symlink, a FIFO, a folder: nothing of it is read
+        lines, skipped = [], [f"not a regular file, not read ({exc})"]
+    for number, line in enumerate(lines, 1):
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut by a kill: drop it
-            break
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            skipped.append(f"line {number}: not JSON (a line cut by a kill, or edited)")
+            continue
+        problem = _record_problem(record)
+        if problem:
+            skipped.append(f"line {number}: {problem}")
+        else:
+            records.append(record)
+    if skipped:
+        message = (f"{path}: skipped {len(skipped)} line(s) that are not records of a step ({'; '.join(skipped[:3])}"
+                   f"{'; ...' if len(skipped) > 3 else ''}); the other {len(records)} records are kept")
+        (on_skip or (lambda m: warnings.warn(m, stacklevel=3)))(message)
     return records
+
+
+def _record_problem(record) -> str | None:
+    """What makes ``record`` not a metrics record (None when it is one)."""
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__}, not a record"
+    step = record.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        return f"step is {step!r}, not an int >= 0"
+    for name in METRIC_NUMBERS:
+        value = record.get(name, 0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"{name} is {value!r}, not a number"
+    attention = record.get("attention", {})
+    if not isinstance(attention, dict) or not all(
+            isinstance(info, dict) and isinstance(info.get("verdicts", []), list)
+            and all(isinstance(v, str) for v in info.get("verdicts", [])) for info in attention.values()):
+        return "attention is not {layer: {verdicts: [...]}}"
+    return None
 
 
 def metrics_file(path: str | Path) -> Path | None:

@@ -333,8 +333,8 @@ class Trainer:
     def _open_outputs(self, baseline: float) -> None:
         """metrics.jsonl (cut back to the resumed step), config.json, and what the run is, said once."""
         c, resumed = self.config, self.resume_state is not None
-        self.metrics = (MetricsWriter(self.run_dir / METRICS, resume_step=self.step if resumed else None)
-                        if self.ctx.is_main else None)
+        self.metrics = (MetricsWriter(self.run_dir / METRICS, resume_step=self.step if resumed else None,
+                                      log=self.log) if self.ctx.is_main else None)
         if self.metrics is not None and resumed:
             problem = self.metrics.verify(self.resume_state.get("metrics"))
             if problem:
