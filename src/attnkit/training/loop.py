@@ -22,7 +22,7 @@ import contextlib
 import gc
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -96,9 +96,12 @@ class Trainer:
         self.names = names
         try:
             self._setup(config, resume, init_from, frozenset(given), log)
-        except BaseException:  # a refusal after the lock was taken must not keep the folder locked
+        except BaseException as exc:  # a refusal after the lock was taken must not keep the folder locked
             self._failed = True
             self.close()
+            peer = dist.lost(exc, self.ctx) if self.ctx is not None else None
+            if peer is not None:  # a failed collective: another rank stopped (its own output says why)
+                raise peer from exc
             raise
 
     # ------------------------------------------------------------------------------------------ set-up
@@ -121,6 +124,9 @@ class Trainer:
             RunFolder(self.run_dir, log=self.log).check_fresh(config.overwrite)
         self.tokenizer = ByteTokenizer()
         self._build_data()
+        dist.check_same({**asdict(config), "resume": None if resume is None else str(resume),
+                         "init_from": None if init_from is None else str(init_from), "data_sha256": self.data_sha256},
+                        self.ctx, n)  # before anything is written: every rank runs the same run
         torch.manual_seed(config.seed)
         self._build_model(model_config, resume_ckpt or init_ckpt)
         self.step = 0
@@ -269,7 +275,7 @@ class Trainer:
             steps = max(10, int(c.time_budget / (step_time + evals / c.eval_every)))
             self.log(f"time budget {c.time_budget:.0f} s at ~{step_time:.3f} s/step -> {steps} steps")
         torch.set_rng_state(rng)
-        return precision, steps, evidence
+        return dist.from_rank0((precision, steps, evidence), self.ctx)  # rank 0 decides for every rank
 
     # ------------------------------------------------------------------------------------------ run
     def run(self) -> TrainResult:
@@ -277,8 +283,11 @@ class Trainer:
         try:
             with stop_requests() as self._stop:  # SIGINT/SIGTERM: checkpoint after the current step, then stop
                 return self._run()
-        except BaseException:
+        except BaseException as exc:
             self._failed = True
+            peer = dist.lost(exc, self.ctx)
+            if peer is not None:  # a failed collective: another rank stopped (its own output says why)
+                raise peer from exc
             raise
         finally:
             self.close()
