@@ -23,7 +23,6 @@ import torch.distributed as dist
 
 from attnkit.errors import AttnkitError, AttnkitValueError, EnvironmentUnsupportedError
 
-
 #: seconds a collective waits for the other ranks before the job ends (override: ATTNKIT_DIST_TIMEOUT)
 DEFAULT_TIMEOUT_S = 600.0
 
