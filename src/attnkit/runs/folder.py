@@ -22,12 +22,11 @@ from pathlib import Path
 
 from attnkit.errors import AttnkitValueError, EnvironmentUnsupportedError
 from attnkit.runs import write as ckpt
-from attnkit.runs.read import CHECKPOINTS, LOSS_PLOT, METRICS, RUN_CONFIG, is_run_folder, open_regular
+from attnkit.runs.read import ASIDE, CHECKPOINTS, LOSS_PLOT, METRICS, RUN_CONFIG, is_run_folder, open_regular
 from attnkit.runs.tokens import TOKENIZER_DIR
 from attnkit.runs.write import replacing
 
 LOCK = ".attnkit.lock"
-ASIDE = ".replaced"
 MOVING = ".moving.json"  # in ASIDE: the names set_aside moves, written before it moves any
 # what a run writes into its folder (a converted run also carries its model's tokenizer: a new run replaces it too)
 OUTPUTS = (CHECKPOINTS, RUN_CONFIG, METRICS, LOSS_PLOT, TOKENIZER_DIR)
@@ -112,11 +111,17 @@ class RunFolder:
                     "checkpoint).")
             return
         others = sorted(p.name for p in self.path.iterdir() if p.name not in (LOCK, ASIDE))
-        if others and not is_run_folder(self.path) and not overwrite:
+        if overwrite or not others:
+            return
+        if is_run_folder(self.path) or METRICS in others:  # a run stopped before its first checkpoint is a run
             raise RunFolderError(
-                f"{self.option} {str(self.path)!r} is not empty and is not an attnkit run (it holds {others[:5]}); a new "
-                f"run would replace {[n for n in OUTPUTS if n in others] or 'nothing but would mix its files in'}: "
-                f"pick an empty or new {self.option}, or pass --overwrite.")
+                f"{self.option} {str(self.path)!r} holds a run that has no checkpoint (its "
+                f"{', '.join(n for n in OUTPUTS if n in others)}: it was stopped before its first checkpoint); pick "
+                f"another {self.option}, or pass --overwrite to replace it.")
+        raise RunFolderError(
+            f"{self.option} {str(self.path)!r} is not empty and is not an attnkit run (it holds {others[:5]}); a new "
+            f"run would replace {[n for n in OUTPUTS if n in others] or 'nothing but would mix its files in'}: "
+            f"pick an empty or new {self.option}, or pass --overwrite.")
 
     def set_aside(self) -> None:
         """Move the outputs an old run left into ``.replaced/`` (restored if the new run fails early)."""

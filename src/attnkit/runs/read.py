@@ -46,6 +46,7 @@ RUN_CONFIG = "config.json"
 METRICS = "metrics.jsonl"
 LOSS_PLOT = "loss.png"
 CHECKPOINTS = "checkpoints"
+ASIDE = ".replaced"  # where ``--overwrite`` keeps the run it replaces until the new run's first checkpoint
 MAX_MANIFEST_BYTES = 64 << 20
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 
@@ -127,9 +128,23 @@ def resolve(path: str | Path) -> Path:
         return path
     found = list_checkpoints(path)
     if not found:
-        raise CheckpointError(f"no checkpoint found in {str(path)!r}: expected a run folder with checkpoints/step_* "
-                              "or a checkpoint folder; train with `attnkit train --run-dir DIR` first.")
+        raise CheckpointError(f"no checkpoint found in {str(path)!r}: " + (set_aside_note(path) or (
+            "expected a run folder with checkpoints/step_* or a checkpoint folder; train with `attnkit train "
+            "--run-dir DIR` first.")))
     return found[-1]
+
+
+def set_aside_note(path: str | Path) -> str | None:
+    """Where the run that an interrupted ``--overwrite`` set aside in ``path/.replaced`` is, and how to get it back
+    (None when there is none)."""
+    aside = Path(path) / ASIDE
+    kept = list_checkpoints(aside)
+    if not kept:
+        return None
+    return (f"the run that was here is intact in {str(aside)!r} (newest checkpoint {kept[-1].name}), set aside by an "
+            f"`attnkit train --overwrite` that was stopped before its first checkpoint; `attnkit train --resume "
+            f"{path}` puts it back and continues it (so does any `attnkit train` in this folder), or read it where it "
+            f"is ({aside}).")
 
 
 def run_folder_of(ckpt: Path, named: str | Path | None = None, *, fix: str = "resume the run folder it belongs "

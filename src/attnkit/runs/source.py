@@ -32,7 +32,7 @@ from torch import nn
 
 from attnkit.errors import AttnkitValueError, EnvironmentUnsupportedError
 from attnkit.integrations.remote_code import RemoteCodeRefused, read_config  # noqa: F401  (re-exported)
-from attnkit.runs.read import MANIFEST, is_checkpoint_or_run, load_model, metrics_file
+from attnkit.runs.read import CHECKPOINTS, MANIFEST, is_checkpoint_or_run, load_model, metrics_file
 from attnkit.runs.tokens import ByteTokenizer, folder_tokenizer, run_tokenizer
 
 HF_TINY = {
@@ -64,6 +64,16 @@ class Target:
     def metrics(self) -> Path | None:
         """The run's ``metrics.jsonl`` (a run or one of its checkpoints), else None."""
         return metrics_file(self.path) if self.kind in ("run", "checkpoint") else None
+
+    @property
+    def run_dir(self) -> Path | None:
+        """The run folder of a run, or of a checkpoint inside one (``RUN/checkpoints/step_N``), else None: where
+        files about the run go (never inside a checkpoint, which pruning deletes)."""
+        if self.kind == "run":
+            return self.path
+        if self.kind == "checkpoint" and self.path.parent.name == CHECKPOINTS:
+            return self.path.parent.parent
+        return None
 
 
 @dataclass

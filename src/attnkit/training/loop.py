@@ -35,7 +35,14 @@ from attnkit.models.config import LMConfig
 from attnkit.models.lm import TransformerLM
 from attnkit.runs import write as ckpt
 from attnkit.runs.folder import RunFolder
-from attnkit.runs.read import LOSS_PLOT, METRICS, RUN_CONFIG, load_model, run_folder_of  # noqa: F401  (load_model: re-exported)
+from attnkit.runs.read import (  # noqa: F401  (load_model: re-exported)
+    LOSS_PLOT,
+    METRICS,
+    RUN_CONFIG,
+    load_model,
+    run_folder_of,
+    set_aside_note,
+)
 from attnkit.training import dist, record
 from attnkit.training.config import (  # noqa: F401  (RESUME_HONOURS, TrainConfig: re-exported)
     RESUME_HONOURS,
@@ -147,10 +154,13 @@ class Trainer:
         n = self.names
         self.resume_state, self.init_state = None, None
         if resume is not None:
+            if self.ctx.is_main and set_aside_note(resume):  # a stopped --overwrite: the lock puts the old run back
+                self.folder = RunFolder(resume, log=self.log).acquire()
+            dist.barrier(self.ctx)
             where = ckpt.resolve(resume)
             run_dir = run_folder_of(where, resume, fix=f"resume the run folder it belongs to, or start a new run from "
                                                        f"its weights with {n('init_from')} {resume} {n('run_dir')} NEW.")
-            if self.ctx.is_main:  # lock first: a run still training there must not change what is read
+            if self.ctx.is_main and self.folder is None:  # lock first: a run training there must not change the files
                 self.folder = RunFolder(run_dir, log=self.log).acquire()
             self.resume_state = ckpt.read_state(where)  # its run identity checked against the folder
             if "train_config" not in self.resume_state:
