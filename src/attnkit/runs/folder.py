@@ -2,8 +2,10 @@
 
 - :class:`RunFolder` takes an exclusive ``fcntl`` lock on ``RUN/.attnkit.lock`` for the whole run: a second run
   or a ``--resume`` on a folder that is still training is refused with :class:`RunInUseError`.
-- A folder that holds files but is not an attnkit run (a Hugging Face model folder, say) is refused unless
-  ``overwrite``; so is a run with checkpoints.
+- A folder that holds a run (checkpoints, or a run stopped before its first one: its ``config.json`` or
+  ``metrics.jsonl``) is refused unless ``overwrite``; so is a folder of other files. A folder that is not a run but
+  holds a name a run writes (a Hugging Face model folder's ``config.json``) is refused even with ``overwrite``:
+  only a run's own files are ever moved.
 - ``overwrite`` moves what the trainer would replace aside into ``RUN/.replaced/`` and deletes it only once
   the new run has written its first checkpoint (:meth:`RunFolder.committed`); a failure before that restores
   it, and so does the next start if the process was killed.
@@ -111,17 +113,25 @@ class RunFolder:
                     "checkpoint).")
             return
         others = sorted(p.name for p in self.path.iterdir() if p.name not in (LOCK, ASIDE))
-        if overwrite or not others:
+        if not others:
             return
         if is_run_folder(self.path) or METRICS in others:  # a run stopped before its first checkpoint is a run
+            if overwrite:
+                return
             raise RunFolderError(
                 f"{self.option} {str(self.path)!r} holds a run that has no checkpoint (its "
                 f"{', '.join(n for n in OUTPUTS if n in others)}: it was stopped before its first checkpoint); pick "
                 f"another {self.option}, or pass --overwrite to replace it.")
-        raise RunFolderError(
-            f"{self.option} {str(self.path)!r} is not empty and is not an attnkit run (it holds {others[:5]}); a new "
-            f"run would replace {[n for n in OUTPUTS if n in others] or 'nothing but would mix its files in'}: "
-            f"pick an empty or new {self.option}, or pass --overwrite.")
+        foreign = [n for n in OUTPUTS if n in others]
+        if foreign:  # a Hugging Face model folder (config.json, tokenizer/): never moved, even with --overwrite
+            raise RunFolderError(
+                f"{self.option} {str(self.path)!r} is not an attnkit run and holds {foreign} (it holds {others[:5]}: a "
+                f"Hugging Face model folder, or another program's files) that a run would replace; --overwrite replaces "
+                f"only an attnkit run's files: pick an empty or new {self.option}.")
+        if not overwrite:
+            raise RunFolderError(
+                f"{self.option} {str(self.path)!r} is not empty and is not an attnkit run (it holds {others[:5]}); a "
+                f"new run would mix its files in: pick an empty or new {self.option}, or pass --overwrite.")
 
     def set_aside(self) -> None:
         """Move the outputs an old run left into ``.replaced/`` (restored if the new run fails early)."""

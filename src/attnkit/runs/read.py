@@ -134,6 +134,17 @@ def resolve(path: str | Path) -> Path:
     return found[-1]
 
 
+def is_converted(path: str | Path) -> bool:
+    """The checkpoint of ``path`` (a run or checkpoint folder) was written by ``attnkit convert`` (its tokens are
+    the source model's, never bytes). Call it after the checkpoint was verified (:func:`load_model`)."""
+    try:
+        with open_regular(resolve(path) / MANIFEST) as f:
+            state = json.loads(f.read(MAX_MANIFEST_BYTES))
+    except (OSError, ValueError):
+        return False
+    return isinstance(state, dict) and "converted_from" in state
+
+
 def set_aside_note(path: str | Path) -> str | None:
     """Where the run that an interrupted ``--overwrite`` set aside in ``path/.replaced`` is, and how to get it back
     (None when there is none)."""

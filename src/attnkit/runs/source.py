@@ -32,7 +32,7 @@ from torch import nn
 
 from attnkit.errors import AttnkitValueError, EnvironmentUnsupportedError
 from attnkit.integrations.remote_code import RemoteCodeRefused, read_config  # noqa: F401  (re-exported)
-from attnkit.runs.read import CHECKPOINTS, MANIFEST, is_checkpoint_or_run, load_model, metrics_file
+from attnkit.runs.read import CHECKPOINTS, MANIFEST, is_checkpoint_or_run, is_converted, load_model, metrics_file
 from attnkit.runs.tokens import ByteTokenizer, folder_tokenizer, run_tokenizer
 
 HF_TINY = {
@@ -145,7 +145,8 @@ def open_source(target: str | Target, *, encoder: bool = False, convert: bool = 
         return Source(model.to(device), where, False, True, lambda: _byte_tokenizer(model))
     if where.kind in ("run", "checkpoint"):
         model = load_model(where.path, device)
-        return Source(model, where, True, False, lambda: run_tokenizer(where.path) or _byte_tokenizer(model))
+        return Source(model, where, True, False, lambda: run_tokenizer(where.path) or (
+            None if is_converted(where.path) else _byte_tokenizer(model)))  # a converted run never speaks bytes
     if where.kind == "hf-tiny":
         model, loaded, tokenizer = hf_tiny(where.name), False, lambda: None
     elif convert:  # what `attnkit convert` loads

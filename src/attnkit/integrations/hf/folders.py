@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from attnkit.errors import AttnkitValueError
-from attnkit.integrations.remote_code import read_config
+from attnkit.integrations.remote_code import check_tokenizer, read_config
 
 #: transformers model types that are bidirectional encoders (loaded with a masked-LM head, examined as encoders)
 HF_ENCODER_TYPES = {"bert", "roberta", "distilbert", "albert", "electra", "xlm-roberta", "deberta", "deberta-v2",
@@ -67,3 +67,28 @@ def load_pretrained(auto, folder: Path, *, optional: tuple[str, ...] = (), **kwa
             f"{' ...' if len(missing) > 4 else ''}); transformers would fill them with random values. Restore the "
             "complete weight files (all shards of model.safetensors).")
     return model.eval()
+
+
+#: the files a saved tokenizer has one of (a folder with none has no tokenizer)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model",
+                   "spiece.model", "sentencepiece.bpe.model")
+
+
+def load_tokenizer(folder: str | Path):
+    """The tokenizer saved in ``folder`` (``AutoTokenizer``, local files only), or None when the folder has no
+    tokenizer files: the one reader of a folder's tokenizer. A tokenizer that asks for the folder's own code is
+    refused by name first (:func:`~attnkit.integrations.remote_code.check_tokenizer`); one that transformers can't
+    load is a typed error naming the folder."""
+    from attnkit.integrations.hf._deps import transformers
+
+    folder = Path(folder)
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        return None
+    check_tokenizer(folder)
+    tf = transformers()
+    try:
+        return tf.AutoTokenizer.from_pretrained(folder, trust_remote_code=False, local_files_only=True)
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise AttnkitValueError(f"the tokenizer in {str(folder)!r} can't be loaded ({type(exc).__name__}: "
+                                f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); restore its files, or pass "
+                                "token ids (attnkit generate --ids).") from exc
