@@ -31,8 +31,9 @@ def test_mask_expression_errors(expr, match):
         parse(expr)
 
 
-def test_demo_runs_and_explains(capsys):
-    assert main(["demo", "--length", "10"]) == 0
+@pytest.mark.parametrize("name", ["tour", "demo"])  # `demo` is the tour's old name, kept as an alias
+def test_tour_runs_and_explains(capsys, name):
+    assert main([name, "--length", "10"]) == 0
     out = capsys.readouterr().out
     assert "backend: sdpa - is_causal=True" in out
     assert "backend: math" in out and "SDPA has no logit softcap" in out
@@ -41,6 +42,29 @@ def test_demo_runs_and_explains(capsys):
 
 
 # ------------------------------------------------------------------------------ discovery and user errors
+
+def test_version(capsys):
+    import attnkit
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["--version"])
+    assert exit_.value.code == 0 and capsys.readouterr().out == f"attnkit {attnkit.__version__}\n"
+
+
+@pytest.mark.parametrize(("argv", "first_line", "help_cmd"), [
+    (["train", "--nope"], "attnkit train: error: unrecognized arguments: --nope", "attnkit train --help"),
+    (["tour", "--length", "x"], "attnkit tour: error: argument --length: invalid int value: 'x'", "attnkit tour --help"),
+    (["demo", "--length", "x"], "attnkit tour: error: argument --length: invalid int value: 'x'", "attnkit tour --help"),
+    (["no-such-command"], "attnkit: error: argument command: invalid choice: 'no-such-command'", "attnkit --help"),
+    ([], "attnkit: error: the following arguments are required: command", "attnkit --help"),
+])
+def test_argparse_errors_are_one_line_and_a_pointer_to_help(capsys, argv, first_line, help_cmd):
+    """Issue 23: an argparse mistake printed the 20-line usage block before the line that matters."""
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    err = capsys.readouterr().err.splitlines()
+    assert exit_.value.code == 2 and len(err) == 2, err
+    assert err[0].startswith(first_line) and err[1] == f"see `{help_cmd}` for the options"
 
 def test_a_new_command_is_a_new_file(tmp_path, monkeypatch, capsys):
     """Any ``attnkit.cli`` module with ``add_parser`` is a command: no list to edit (issue 16: hard-coded list)."""
@@ -60,7 +84,7 @@ def test_a_new_command_is_a_new_file(tmp_path, monkeypatch, capsys):
 
         found = command_modules()
         assert "hello-world" in found and "helpers-only" not in found
-        assert {"train", "generate", "doctor", "masks", "demo", "bench"} <= set(found)
+        assert {"train", "generate", "doctor", "masks", "tour", "bench"} <= set(found)
         assert main(["hello-world"]) == 0
         assert "hi from a plug-in" in capsys.readouterr().out
     finally:
@@ -71,7 +95,7 @@ def test_a_new_command_is_a_new_file(tmp_path, monkeypatch, capsys):
 def test_user_error_prints_the_message_alone_and_exits_2(capsys):
     assert main(["doctor", "no-such-target"]) == 2
     err = capsys.readouterr().err
-    assert "attnkit doctor: error: doctor target 'no-such-target' is not a preset" in err
+    assert "attnkit doctor: error: target 'no-such-target' is not a preset" in err
     assert "check the spelling or the path" in err and "--debug" in err
     assert "Traceback" not in err
 

@@ -20,8 +20,8 @@ from attnkit.cli.main import main
 from attnkit.diagnostics.ablation import ablate, attention_layout, patch, record_heads
 from attnkit.diagnostics.importance import head_importance
 from attnkit.diagnostics.subjects import attnkit_attention_modules
-from attnkit.diagnostics.targets import load_target
 from attnkit.models.builders import build_encoder, build_lm
+from attnkit.runs import open_source
 
 # --------------------------------------------------------------------------------------------- the hand oracle
 
@@ -202,7 +202,7 @@ def o_proj_hook(heads, n_heads, mode):
 def test_hugging_face_layers_are_its_decoder_layers(name, proj, mode):
     import attnkit.integrations.hf  # noqa: F401
 
-    model, _ = load_target(name)
+    model = open_source(name).model
     model = model.double()
     model.set_attn_implementation("attnkit")
     tokens = torch.randint(0, 128, (2, 11))
@@ -424,7 +424,7 @@ def test_errors_found_while_running_a_model_of_unknown_layout():
 
 
 def test_a_model_whose_attention_attnkit_does_not_run_is_refused():
-    model, _ = load_target("hf-gpt2-tiny")
+    model = open_source("hf-gpt2-tiny").model
     model.set_attn_implementation("eager")
     with pytest.raises(ValueError, match=r"GPT2LMHeadModel runs its attention with attn_implementation='eager', which "
                                          r"attnkit can't edit; call model.set_attn_implementation\('attnkit'\)"):
@@ -484,7 +484,7 @@ def test_errors_of_head_importance(lm, tokens):
 
 
 def test_a_hugging_face_model_that_cannot_switch_to_attnkit(monkeypatch):
-    model, _ = load_target("hf-gpt2-tiny")
+    model = open_source("hf-gpt2-tiny").model
 
     def refuse(name):
         raise ValueError(f"{name} is not supported")

@@ -163,8 +163,11 @@ def test_heatmaps_one_png_per_layer(tmp_path):
     model = build_lm("nano", n_layers=2).eval()
     with capture(model) as cap:
         model(torch.randint(0, 257, (1, 10)))
-    paths = save_heatmaps(cap, tmp_path / "attn")
-    assert [p.name for p in paths] == ["attn_blocks.0.attn.png", "attn_blocks.1.attn.png"]
+    paths = save_heatmaps(cap, tmp_path / "out" / "attn")  # a folder, created with its parents
+    assert paths == [tmp_path / "out" / "attn" / "blocks.0.attn.png", tmp_path / "out" / "attn" / "blocks.1.attn.png"]
     assert all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)
+    (tmp_path / "a-file").write_text("x")
+    with pytest.raises(AttnkitValueError, match=r"save_heatmaps\(folder='.*a-file'\): that path is a file, not a folder"):
+        save_heatmaps(cap, tmp_path / "a-file")
     with pytest.raises(AttnkitValueError, match="the capture holds no records"):
         save_heatmaps(capture(), tmp_path / "none")

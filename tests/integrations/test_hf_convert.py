@@ -1,4 +1,4 @@
-"""Converters: transformers -> attnkit TransformerLM (and back for decoders), on tiny configs and the real MiniLM."""
+"""Converters: transformers -> attnkit TransformerLM and back, on tiny configs and the real MiniLM."""
 
 from __future__ import annotations
 
@@ -82,7 +82,7 @@ def test_converted_configs_carry_the_family_parts():
     assert config_from_hf(_model("llama-yarn")[1].config).rope_scaling["rope_type"] == "yarn"
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama", "mistral", "qwen2"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", "mistral", "qwen2", "bert"])
 def test_round_trip_attnkit_hf_attnkit_is_exact(family):
     model = from_hf(_model(family)[1])
     hf = to_hf(model, family)
@@ -92,8 +92,36 @@ def test_round_trip_attnkit_hf_attnkit_is_exact(family):
     for name in a:
         assert torch.equal(a[name], b[name]), f"{family}: {name} changed in the round trip"
     sd = to_hf_state_dict(model, family)
-    missing, unexpected = type(hf)(hf.config).load_state_dict(sd, strict=False)
+    fresh = type(hf)(hf.config, **({"add_pooling_layer": False} if family == "bert" else {}))  # attnkit has no pooler
+    missing, unexpected = fresh.load_state_dict(sd, strict=False)
     assert not unexpected and set(missing) <= {"lm_head.weight"}, (missing, unexpected)
+
+
+def test_bert_to_hf_is_the_encoder_and_its_hidden_states_give_the_logits():
+    """attnkit's BERT has no MLM head (the tied embeddings are its head): to_hf gives a BertModel whose
+    last_hidden_state is model.encode(tokens) and, times the word embeddings, the model's logits."""
+    model = from_hf(build("bert", "sdpa"))
+    hf = to_hf(model, "bert")
+    assert type(hf).__name__ == "BertModel" and hf.pooler is None
+    ids = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        hidden = hf(input_ids=ids).last_hidden_state  # (B, L, E)
+        err_h = (hidden - model.encode(ids)).abs().max().item()
+        err_logits = (hidden @ hf.embeddings.word_embeddings.weight.T - model(ids)).abs().max().item()
+    assert err_h <= TOL and err_logits <= TOL, (err_h, err_logits)
+
+
+def test_to_hf_refuses_a_family_converted_one_way(monkeypatch):
+    from attnkit.integrations.hf import convert
+
+    one_way = convert.Family(("one-way",), convert.FAMILIES["bert"].config, convert.FAMILIES["bert"].params)
+    monkeypatch.setitem(convert.FAMILIES, "one-way", one_way)
+    bert = from_hf(build("bert", "sdpa"))
+    with pytest.raises(BackendUnsupportedError, match=r"model_type='one-way' is converted one way \(into attnkit\); "
+                                                      r"to_hf supports \['bert', 'gpt2', 'llama', 'mistral', 'qwen2'\]"):
+        to_hf_state_dict(bert, "one-way")
+    with pytest.raises(BackendUnsupportedError, match=r"model_type='one-way' is converted one way \(into attnkit\)\."):
+        to_hf(bert, "one-way")
 
 
 @pytest.mark.parametrize("family", ["gpt2", "llama", "mistral", "qwen2"])
@@ -146,9 +174,6 @@ def test_unsupported_configs_are_refused_by_name():
         from_hf(build("gemma2", "eager"))
     with pytest.raises(BackendUnsupportedError, match="scale_attn_by_inverse_layer_idx=True"):
         from_hf(build("gpt2", "sdpa", scale_attn_by_inverse_layer_idx=True))
-    bert = from_hf(build("bert", "sdpa"))
-    with pytest.raises(BackendUnsupportedError, match="converted one way"):
-        to_hf(bert, "bert")
 
 
 def test_to_hf_refuses_what_the_family_cannot_express():
@@ -160,11 +185,21 @@ def test_to_hf_refuses_what_the_family_cannot_express():
     qwen = from_hf(_model("qwen2")[1])
     with pytest.raises(AttnkitValueError, match="q/k/v biases, which only Qwen2 has"):
         to_hf(qwen, "mistral")
+    from attnkit.models.builders import lm_config
     from attnkit.models.lm import TransformerLM
 
     per_layer = TransformerLM(qwen.config.replace(qkv_bias=None))  # windows on some layers, no biases
     with pytest.raises(AttnkitValueError, match="Mistral has one window for every layer"):
         to_hf(per_layer, "mistral")
+    with pytest.raises(BackendUnsupportedError, match=r"the model has no exact bert form: causal=True \(needs False\); "
+                                                      r"post_norm=False \(needs True\)"):
+        to_hf(mistral, "bert")
+    with pytest.raises(BackendUnsupportedError, match=r"the model has no exact llama form: norm='layernorm' \(needs "
+                                                      r"'rmsnorm'\); mlp='gelu' \(needs 'swiglu'\)\.$"):
+        to_hf(TransformerLM(lm_config("nano")), "llama")  # attnkit's own presets: LayerNorm + GELU
+    with pytest.raises(BackendUnsupportedError, match=r"no exact gpt2 form: positions='rope' \(needs 'learned'\); "
+                                                      r"bias=False \(needs True\)\.$"):
+        to_hf(TransformerLM(lm_config("nano")), "gpt2")
 
 
 def test_minilm_through_the_converter_gives_the_package_embeddings():

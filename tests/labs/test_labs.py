@@ -47,7 +47,8 @@ def check_outputs(folder, name):
         assert v["measured"] and v["band"] and v["claim"], (name, v)
     # quick runs must actually measure: at most one claim may lack its measurement (a task too short to be learned
     # at the quick size is a stated precondition, not a missing measurement)
-    unlearned = [v for v in payload["verdicts"] if "no model learned" in v["measured"] or "did not learn" in v["measured"]]
+    unlearned = [v for v in payload["verdicts"] if "no model learned" in v["measured"] or "did not learn" in v["measured"]
+                 or "speed not measured at this size" in v["measured"]]
     assert all(v["verdict"] == "not measured" for v in unlearned), (name, unlearned)
     assert sum(v["verdict"] == "not measured" for v in payload["verdicts"]) - len(unlearned) <= 1, (name, payload)
     numbers = list(_numbers(payload["measurements"]))
@@ -141,6 +142,31 @@ def test_claims_on_a_model_that_learned_nothing_are_not_measured():
     assert learned(2.0, "x") == 2.0
     with pytest.raises(ValueError, match=r"the model did not learn: loss 5.5 >= 0.9 x ln\(257\) = 4.99"):
         learned(5.5, "the model")
+
+
+def test_speed_claims_are_not_measured_below_the_size_that_times_the_work():
+    """Issue 23: `lab all --quick` said "does not hold" for speed claims it timed at lengths 64-128 (overhead)."""
+    from attnkit.labs import efficient, heads
+
+    speed = [c for c in efficient.CLAIMS if "faster" in c.claim or "overtakes" in c.claim]
+    assert len(speed) == 2
+
+    def timings(lengths, window_share):
+        return {"times": {str(L): {"full": 1.0, "window": window_share, "strided": 1.0, "linear": 2.0}
+                          for L in lengths}, "crossover": {"linear": None, "window": lengths[0]}}
+
+    for claim in speed:
+        quick = claim.verdict(timings([64, 128], 0.5))
+        assert quick["verdict"] == "not measured", quick
+        assert quick["measured"] == ("not measured (speed not measured at this size: the longest timed length 128 < "
+                                     "1024; run the default size (without --quick))")
+        assert claim.verdict(timings([256, 4096], 1.0))["verdict"] == FAILS  # judged, and can fail, at full size
+    assert speed[1].verdict(timings([256, 4096], 0.5))["verdict"] == HOLDS
+    step = next(c for c in heads.CLAIMS if "time" in c.claim)
+    runs = {"1": {"step_ms": 1.0}, "4": {"step_ms": 2.0}}
+    narrow = step.verdict({"heads": [1, 4], "width": 16, "runs": runs})
+    assert narrow["verdict"] == "not measured" and "the model width 16 < 64" in narrow["measured"]
+    assert step.verdict({"heads": [1, 4], "width": 64, "runs": runs})["verdict"] == FAILS
 
 
 def test_every_lab_module_is_discovered_without_a_list():

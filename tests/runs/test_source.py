@@ -41,6 +41,31 @@ def test_doctor_on_a_run_folder_the_trainer_wrote(trained_run, capsys):
     assert open_source(str(trained_run / "config.json")).fresh is False  # the config file itself names the run too
 
 
+def test_open_source_says_what_each_target_is(trained_run, tmp_path):
+    """issue 20: one place turns a target into a model, its tokenizer, its metrics, its kind and whether its weights
+    were loaded (the doctor skips its initialisation checks on loaded weights)."""
+    from attnkit.runs import ByteTokenizer, locate
+    from attnkit.runs.read import list_checkpoints
+
+    newest = list_checkpoints(trained_run)[-1]
+    expected = {"nano": ("preset", False, True, None), str(trained_run): ("run", True, False, trained_run),
+                str(newest): ("checkpoint", True, False, trained_run)}
+    for target, (kind, loaded, fresh, run) in expected.items():
+        source = open_source(target)
+        assert (source.kind, source.loaded, source.fresh) == (kind, loaded, fresh), target
+        assert source.metrics == (None if run is None else run / "metrics.jsonl")
+        assert isinstance(source.tokenizer, ByteTokenizer) and not source.model.training
+    transformers = pytest.importorskip("transformers")
+    source = open_source("hf-llama-tiny")
+    assert (source.kind, source.loaded, source.fresh, source.tokenizer) == ("hf-tiny", False, True, None)
+    assert type(open_source("hf-llama-tiny", convert=True).model).__name__ == "TransformerLM"
+    config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=32)
+    config.save_pretrained(tmp_path / "hf")
+    assert locate(str(tmp_path / "hf")).kind == "hf-folder"
+    source = open_source(str(tmp_path / "hf"))  # a config without weights: random weights, nothing loaded
+    assert (source.loaded, source.fresh, source.metrics) == (False, True, None)
+
+
 def test_run_folder_before_its_first_checkpoint_says_so(tmp_path, trained_run):
     run = tmp_path / "starting"
     run.mkdir()

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 
 import attnkit as ak
+from attnkit._progress import progress
 from attnkit.bench.common import RESULTS_DIR, matmul_peak_gflops, peak_memory_bytes, round_robin, write_results
 from attnkit.bench.plots import line_panels
 
@@ -170,13 +171,12 @@ def run(args: argparse.Namespace) -> int:
     peak = matmul_peak_gflops()
     print(f"matmul peak now: mm {peak['mm']:.0f} GFLOP/s, linear (oneDNN) {peak['linear']:.0f} GFLOP/s")
     rows = []
-    for n in args.n:
-        for case in args.cases:
-            row = run_case(case, n, args, peak["linear"])
-            rows.append(row)
-            c = row["contenders"]
-            print(f"{case:10s} N={n:6d} " + "  ".join(
-                f"{k} {v['fwd_ms']:.1f}/{v.get('fwdbwd_ms', float('nan')):.1f}ms" for k, v in c.items()), flush=True)
+    for n, case in progress([(n, case) for n in args.n for case in args.cases], desc="bench attention", unit="case"):
+        row = run_case(case, n, args, peak["linear"])
+        rows.append(row)
+        c = row["contenders"]
+        print(f"{case:10s} N={n:6d} " + "  ".join(
+            f"{k} {v['fwd_ms']:.1f}/{v.get('fwdbwd_ms', float('nan')):.1f}ms" for k, v in c.items()), flush=True)
     payload = {"matmul_peak_gflops": peak, "heads": args.heads, "head_dim": args.head_dim, "dtype": "float32",
                "note": "2-core CPU; read ratios from one run, not absolute times. "
                        f"naive up to N={args.naive_max}, nn.MultiheadAttention up to N={args.mha_max} (time/memory).",

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnkit._progress import progress
 from attnkit.bench.common import RESULTS_DIR, matmul_peak_gflops, round_robin, write_results
 from attnkit.models.builders import build_lm
 from attnkit.models.generation import generate, stream_generate
@@ -265,7 +266,7 @@ def run(args) -> int:
     print(f"copy bandwidth {bandwidth:.1f} GB/s; weights {wbytes / 1e6:.1f} MB -> bound {bound_ms:.2f} ms per step; "
           f"linear peak {peak:.0f} GFLOP/s; read bandwidth {read_bw:.1f} GB/s -> bound {read_bound_ms:.2f} ms")
     cases = []
-    for batch in args.batches:
+    for batch in progress(args.batches, desc="bench decode", unit="batch size"):
         for prompt_len in args.prompts:
             rows, same = bench_case(hf_models, ours, batch, prompt_len, args.new_tokens, args.nocache_tokens,
                                     args.repeats, args.vocab, compiled=not args.no_compile)

@@ -13,6 +13,7 @@ from pathlib import Path
 import torch
 
 import attnkit as ak
+from attnkit._progress import progress
 from attnkit.bench.common import RESULTS_DIR, peak_memory_bytes, round_robin, write_results
 from attnkit.bench.plots import line_panels
 from attnkit.functional.linear import LinearState, linear_attention
@@ -56,7 +57,7 @@ def _decode_contenders(n: int) -> dict:
 
 def run(args) -> int:
     rows, decode = [], []
-    for n in args.lengths:
+    for n in progress(args.lengths, desc="bench linear", unit="length"):
         repeats = 7 if n <= 4096 else 3
         for backward in (False, True):
             fns = _contenders(n, backward, args)

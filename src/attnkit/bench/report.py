@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 
+from attnkit._progress import progress
 from attnkit.bench.common import RESULTS_DIR, write_results
 
 
@@ -174,7 +175,8 @@ def run(args: argparse.Namespace) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             tmp = Path(tmp)
             baseline = export_revision(args.baseline, tmp) if args.baseline else None
-            for threads, sharpen, n in ((t, s, n) for t in args.threads for s in args.sharpen for n in args.n):
+            for threads, sharpen, n in progress([(t, s, n) for t in args.threads for s in args.sharpen for n in args.n],
+                                                desc="bench report", unit="case"):
                 path = tmp / f"report_{n}.html"
                 olds, news = [], []
                 for _ in range(args.repeats if n <= args.dense_max else args.repeats_long):

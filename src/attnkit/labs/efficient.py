@@ -15,12 +15,13 @@ from __future__ import annotations
 import torch
 
 from attnkit import masks
+from attnkit._progress import progress
 from attnkit.backends import attention
 from attnkit.bench.common import round_robin
 from attnkit.functional.linear import linear_attention
 from attnkit.labs.harness import evaluate, learned, seeded, text_data, tiny_lm, train
 from attnkit.labs.registry import lab
-from attnkit.labs.report import Claim, fmt
+from attnkit.labs.report import Claim, fmt, timed_at_size
 from attnkit.labs.variants import lab_attention
 
 KINDS = ("full", "window", "strided", "linear")
@@ -91,6 +92,9 @@ SIZES = {
               "bench_heads": 2, "bench_head_dim": 16, "bench_window": 16, "bench_stride": 8},
 }
 
+#: speed claims are judged only when the longest timed length reaches this (shorter calls time their overhead)
+SPEED_FROM_LENGTH = 1024
+TIMED = lambda m: timed_at_size(max(map(int, m["times"])), SPEED_FROM_LENGTH, "the longest timed length")  # noqa: E731
 Q = lambda m, k: m["quality"][k]["val_loss"]  # noqa: E731
 FULL_LEARNED = lambda m: learned(Q(m, "full"), "full attention")  # noqa: E731  (every quality claim's reference)
 
@@ -117,14 +121,16 @@ CLAIMS = [
                      f"{', '.join(m['times'])}); at the longest: linear "
                      f"{fmt(1000 * m['times'][max(m['times'], key=int)]['linear'])} ms vs full "
                      f"{fmt(1000 * m['times'][max(m['times'], key=int)]['full'])} ms",
-                     [m["crossover"]["linear"] is not None])),
+                     [m["crossover"]["linear"] is not None]),
+          needs=TIMED),
     Claim("A sliding window is faster than full attention at long lengths",
           "window (forward + backward) at the longest length <= 0.7 x full",
           lambda m: (f"window {fmt(1000 * m['times'][max(m['times'], key=int)]['window'])} ms vs full "
                      f"{fmt(1000 * m['times'][max(m['times'], key=int)]['full'])} ms; crossover "
                      f"{m['crossover']['window'] or 'none'}",
                      [m["times"][max(m["times"], key=int)]["window"]
-                      <= 0.7 * m["times"][max(m["times"], key=int)]["full"]])),
+                      <= 0.7 * m["times"][max(m["times"], key=int)]["full"]]),
+          needs=TIMED),
     Claim("Full attention needs memory quadratic in length; linear and windowed attention linear",
           "memory kept for backward: full grows >= (length ratio)^2 / 2 over the range; linear's <= 2 x the length "
           "ratio",
@@ -146,7 +152,7 @@ def measure(p: dict, plots) -> dict:
         hist = train(model, data.sampler(p["batch"], p["seq_len"]), steps=p["steps"], lr=p["lr"], seed=p["seed"])
         quality[kind] = {"val_loss": evaluate(model, x, y), "step_ms": hist.median_step_ms()}
     times, memory = {}, {}
-    for L in p["lengths"]:
+    for L in progress(p["lengths"], desc="lab efficient: timing", unit="length"):
         fns = {kind: calls(kind, L, p) for kind in KINDS}
         times[str(L)] = round_robin({kind: f[0] for kind, f in fns.items()}, repeats=p["repeats"], warmup=1)
         memory[str(L)] = {kind: saved_bytes(f[1]) for kind, f in fns.items()}

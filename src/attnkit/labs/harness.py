@@ -15,6 +15,7 @@ Shape legend: B batch, L length, V vocabulary.
 
 from __future__ import annotations
 
+import contextvars
 import math
 import statistics
 import time
@@ -27,12 +28,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from attnkit._progress import progress
 from attnkit.models.builders import build_lm
 from attnkit.training.data import ByteTokenizer, stdlib_files
 from attnkit.training.schedule import lr_at
 from attnkit.training.steps import param_groups
 
 IGNORE = -100
+#: what progress lines call the work in hand (``run_lab`` sets ``lab NAME``)
+WHO = contextvars.ContextVar("attnkit_lab", default="lab")
 Sampler = Callable[[torch.Generator], tuple[torch.Tensor, torch.Tensor]]  # g -> (inputs, targets) (B, L)
 
 
@@ -197,7 +201,7 @@ def train(model: nn.Module, sampler: Sampler, *, steps: int, lr: float = 3e-3, s
     opt = torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=(0.9, 0.95))
     hist = History()
     model.train()
-    for step in range(steps):
+    for step in progress(range(steps), desc=f"{WHO.get()}: training {type(model).__name__}", unit="step"):
         if on_step is not None and every and step % every == 0:
             on_step(step, model, hist)
         inputs, targets = sampler(g)

@@ -1,6 +1,8 @@
 """Lab ``long-range``: tasks whose answer sits k tokens back, for attention, an LSTM and a CNN.
 
-Associative recall (multi-query, Zoology's small setting: vocabulary 256, length 64, 4 key-value pairs) and
+Associative recall (multi-query, MQAR after Zoology, scaled to a CPU budget: vocabulary 64, length 32, 4
+key-value pairs; at Zoology's vocabulary 256 and length 64 no model left chance in 800 steps of 32 rows, so the
+recall claims had no verdict; at this size, 64 rows a step, attention passes 90% within ~500 steps) and
 copying (n tokens, a separator, the same n tokens again: the answer sits n + 1 back). Three models of similar
 parameter count: a 2-layer attention decoder (RoPE), a 2-layer LSTM and a 4-layer causal CNN (kernel 3, no
 dilation: a receptive field of 9 tokens). Each is trained on a mix of distances and scored per distance.
@@ -75,8 +77,8 @@ def copying(p: dict) -> dict:
 
 
 SIZES = {
-    "default": {"vocab": 256, "length": 64, "pairs": 4, "dim": 64, "batch": 32, "steps": 800, "lr": 3e-3,
-                "test_rows": 512, "gap_edges": [1, 9, 17, 33, 64], "copy_lengths": [4, 8, 16]},
+    "default": {"vocab": 64, "length": 32, "pairs": 4, "dim": 64, "batch": 64, "steps": 800, "lr": 3e-3,
+                "test_rows": 512, "gap_edges": [1, 5, 10, 17, 32], "copy_lengths": [4, 8, 16]},
     "quick": {"vocab": 32, "length": 16, "pairs": 2, "dim": 16, "batch": 4, "steps": 4, "lr": 3e-3,
               "test_rows": 16, "gap_edges": [1, 5, 16], "copy_lengths": [2, 4]},
 }
@@ -85,7 +87,7 @@ RF = 4 * (3 - 1) + 1  # the CNN's receptive field
 
 
 #: a model counts as having learned a task when it reaches this accuracy somewhere, and 3x chance (recall's chance
-#: is 2/vocab: 0.8% at the default size, 6% at --quick); a claim about a model that learned nothing, or comparing
+#: is 2/vocab: 3% at the default size, 6% at --quick); a claim about a model that learned nothing, or comparing
 #: architectures on a task no model learned, is "not measured", never "holds"
 LEARNED_FLOOR = 0.1
 

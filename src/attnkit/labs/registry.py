@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 
 from attnkit.errors import AttnkitValueError
+from attnkit.labs.harness import WHO
 from attnkit.labs.report import Claim, Plots, summary_markdown, write_outputs
 
 
@@ -63,11 +64,13 @@ def run_lab(name: str, *, quick: bool = False, out: str | Path | None = None, se
     torch.manual_seed(seed)
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
+    who = WHO.set(f"lab {name}")  # progress lines name the lab
     try:
         start = time.perf_counter()
         measurements = spec.measure(params, plots)
         seconds = time.perf_counter() - start
     finally:
+        WHO.reset(who)
         torch.set_num_threads(previous)
     verdicts = [c.verdict(measurements) for c in spec.claims]
     command = f"attnkit lab {name}" + (" --quick" if quick else "")

@@ -72,6 +72,16 @@ class Plots:
             plt.close(fig)
 
 
+def timed_at_size(value: int, smallest: int, what: str) -> int:
+    """The evidence check (``Claim.needs``) of a speed claim: its timings count only at a size where the work,
+    not the per-call overhead, is what was timed. Below ``smallest`` a ``ValueError`` makes the claim "not
+    measured" (never "does not hold" on a timing of overhead, as ``--quick`` sizes would give)."""
+    if value < smallest:
+        raise ValueError(f"speed not measured at this size: {what} {value} < {smallest}; run the default size "
+                         "(without --quick)")
+    return value
+
+
 def fmt(x, digits: int = 3) -> str:
     """A number for a table (strings pass through)."""
     if isinstance(x, str):

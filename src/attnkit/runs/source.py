@@ -101,6 +101,12 @@ class Source:
         return self.target.kind
 
     @property
+    def saved_hf_tokenizer(self):
+        """The Hugging Face tokenizer a converted run saved (``attnkit convert``), else None (bytes, or a Hugging
+        Face model, whose own folder ``attnkit.diagnostics.report.tokenize`` reads)."""
+        return getattr(self.tokenizer, "hf", None) if self.kind in ("run", "checkpoint") else None
+
+    @property
     def metrics(self) -> Path | None:
         return self.target.metrics
 

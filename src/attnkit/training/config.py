@@ -96,7 +96,7 @@ class TrainConfig:
         if self.seq_len is not None and (isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int)
                                          or self.seq_len < 2):
             raise AttnkitValueError(f"seq_len must be an int >= 2 (tokens per row), got {self.seq_len!r}; omit it "
-                                    "(--seq-len) to use the preset's max_seq_len.")
+                                    "to use the preset's max_seq_len.")
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
             raise AttnkitValueError(f"warmup must be an int >= 0 (steps), got {self.warmup!r}; 0 = no warmup.")
         self._check_numbers()

@@ -90,7 +90,7 @@ def test_save_heatmaps_labels_and_mask(tmp_path, monkeypatch):
     with capture(model) as cap:
         model(ids)
     paths = save_heatmaps(cap, tmp_path / "attn", labels=labels)
-    assert [p.name for p in paths] == [f"attn_blocks.{i}.attn.png" for i in range(3)]
+    assert paths == [tmp_path / "attn" / f"blocks.{i}.attn.png" for i in range(3)]
     ax = saved[0].axes[0]
     assert [t.get_text() for t in ax.get_xticklabels()] == list("abcdef")
     assert np.ma.is_masked(ax.get_images()[0].get_array())  # the causal mask is drawn

@@ -2,7 +2,7 @@
 
 >>> from attnkit.integrations.hf.convert import from_hf, to_hf
 >>> model = from_hf(hf_model)          # GPT-2, LLaMA, Mistral, Qwen2 (decoders) or BERT (an encoder)  # doctest: +SKIP
->>> hf_again = to_hf(model, "llama")   # a transformers model with the same weights (decoder families) # doctest: +SKIP
+>>> hf_again = to_hf(model, "llama")   # a transformers model with the same weights (BERT: a BertModel)  # doctest: +SKIP
 
 Every name and layout difference lives here, in one :class:`Family` per model type: which ``LMConfig`` fields
 the HF config sets, and which attnkit parameter each HF tensor becomes. attnkit's API knows nothing of them.
@@ -14,7 +14,9 @@ the HF config sets, and which attnkit parameter each HF tensor becomes. attnkit'
   scaling (``linear``, ``yarn``, ``llama3``, static ``ntk``), q/k/v biases (Qwen2), sliding windows (Mistral: every layer;
   Qwen2: the layers ``layer_types`` marks).
 - BERT: post-norm blocks, token-type embeddings, an embedding LayerNorm, exact GELU; an encoder
-  (``causal=False``), converted one way (its MLM head is not part of attnkit's encoder).
+  (``causal=False``). Its MLM head is not part of attnkit's encoder, so ``to_hf`` gives a ``BertModel``
+  (no head): its ``last_hidden_state`` is ``model.encode(tokens)``, and times the word embeddings it is the
+  attnkit model's logits (attnkit's head is tied to the embeddings).
 
 A config attnkit can't reproduce exactly raises :class:`~attnkit.errors.BackendUnsupportedError` naming the
 field and its value (e.g. ``rope_type='dynamic'``), never a model that computes something else.
@@ -64,6 +66,19 @@ class Family:
     params: Callable[[LMConfig], list[Param]]  # names relative to the HF base model (no "model." prefix)
     causal_lm: str | None = None  # transformers class for to_hf (None: converted one way)
     hf_config: Callable[[LMConfig, str], object] | None = None
+    prefix: str = "model."  # the base model's name inside ``causal_lm`` ("" when causal_lm is the base model)
+    lm_head: bool = True  # ``causal_lm`` has an ``lm_head.weight`` (BertModel has none)
+    requires: tuple[tuple[str, tuple], ...] = ()  # (LMConfig field, the values the family can express), for to_hf
+
+    def mismatches(self, cfg: LMConfig) -> list[str]:
+        """``"field=value (needs ...)"`` for every LMConfig field of ``cfg`` this family can't express."""
+        out = []
+        for field, allowed in self.requires:
+            value = getattr(cfg, field)
+            values = set(value) if field == "attention" and isinstance(value, tuple) else {value}
+            if not values <= set(allowed):
+                out.append(f"{field}={value!r} (needs {' or '.join(map(repr, allowed))})")
+        return out
 
 
 def _unsupported(model_type: str, field: str, value, fix: str) -> BackendUnsupportedError:
@@ -244,6 +259,17 @@ def _bert_config(c) -> dict:
             "type_vocab_size": c.type_vocab_size, "embed_norm": True, "causal": False, "tie_embeddings": True}
 
 
+def _bert_hf_config(cfg: LMConfig, model_type: str):
+    import transformers as tf
+
+    act = {"gelu_exact": "gelu", "gelu": "gelu_new", "relu": "relu"}
+    return tf.BertConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.dim, num_hidden_layers=cfg.n_layers,
+                         num_attention_heads=cfg.n_heads, intermediate_size=cfg.resolved_mlp_hidden,
+                         max_position_embeddings=cfg.max_seq_len, type_vocab_size=cfg.type_vocab_size,
+                         layer_norm_eps=cfg.norm_eps, hidden_act=act[cfg.mlp], hidden_dropout_prob=0.0,
+                         attention_probs_dropout_prob=0.0)
+
+
 def _bert_params(cfg: LMConfig) -> list[Param]:
     e = "embeddings."
     out = [Param("embed.weight", (e + "word_embeddings.weight",)),
@@ -272,11 +298,24 @@ def register_family(family: Family) -> None:
         FAMILIES[t] = family
 
 
-register_family(Family(("gpt2",), _gpt2_config, _gpt2_params, "GPT2LMHeadModel", _gpt2_hf_config))
-for _t_name, _cls in (("llama", "LlamaForCausalLM"), ("mistral", "MistralForCausalLM"), ("qwen2", "Qwen2ForCausalLM")):
+_PLAIN = (("attention", ("softmax",)), ("qk_norm", (False,)), ("type_vocab_size", (0,)), ("embed_norm", (False,)),
+          ("post_norm", (False,)), ("causal", (True,)))  # what every decoder family here needs
+_GPT2_NEEDS = (*_PLAIN, ("positions", ("learned",)), ("norm", ("layernorm",)), ("mlp", ("gelu", "gelu_exact", "relu")),
+               ("bias", (True,)), ("n_kv_heads", (None,)), ("window", (None,)), ("head_dim", (None,)))
+_ROPE_NEEDS = (*_PLAIN, ("positions", ("rope",)), ("norm", ("rmsnorm",)), ("mlp", ("swiglu",)), ("bias", (False,)))
+_BERT_NEEDS = (("attention", ("softmax",)), ("qk_norm", (False,)), ("causal", (False,)), ("post_norm", (True,)),
+               ("embed_norm", (True,)), ("positions", ("learned",)), ("norm", ("layernorm",)), ("bias", (True,)),
+               ("mlp", ("gelu", "gelu_exact", "relu")), ("n_kv_heads", (None,)), ("window", (None,)),
+               ("head_dim", (None,)))
+
+register_family(Family(("gpt2",), _gpt2_config, _gpt2_params, "GPT2LMHeadModel", _gpt2_hf_config, "transformer.",
+                       requires=_GPT2_NEEDS))
+for _t_name, _cls, _needs in (("llama", "LlamaForCausalLM", ()), ("mistral", "MistralForCausalLM", ()),
+                              ("qwen2", "Qwen2ForCausalLM", (("qkv_bias", (True,)),))):  # Qwen2 always has them
     register_family(Family((_t_name,), lambda c, _n=_t_name: _rope_config(c, _n), _rope_params, _cls,
-                           _rope_hf_config))
-register_family(Family(("bert",), _bert_config, _bert_params))
+                           _rope_hf_config, requires=(*_ROPE_NEEDS, *_needs)))
+register_family(Family(("bert",), _bert_config, _bert_params, "BertModel", _bert_hf_config, "", lm_head=False,
+                       requires=_BERT_NEEDS))
 
 
 def family_of(model_type: str) -> Family:
@@ -343,21 +382,24 @@ def from_hf(hf_model, *, dtype: torch.dtype | None = None) -> TransformerLM:
 
 
 def to_hf_state_dict(model: TransformerLM, model_type: str) -> Tensors:
-    """The state dict of the transformers ``*ForCausalLM`` of ``model_type`` holding ``model``'s weights."""
+    """The state dict of the transformers ``*ForCausalLM`` of ``model_type`` (BERT: ``BertModel``) holding
+    ``model``'s weights."""
     family = family_of(model_type)
     if family.causal_lm is None:
         raise BackendUnsupportedError(f"model_type={model_type!r} is converted one way (into attnkit); to_hf "
-                                      "supports the decoder families gpt2, llama, mistral, qwen2.", [model_type])
+                                      f"supports {sorted(t for t, f in FAMILIES.items() if f.causal_lm)}.",
+                                      [model_type])
     cfg = model.config
     ours = model.state_dict()
-    prefix = {"gpt2": "transformer."}.get(model_type, "model.")
+    prefix = family.prefix
     out: Tensors = {}
     for p in family.params(cfg):
         value = ours[p.attnkit]
         sizes = _split_sizes(cfg, p)
         for name, piece in zip(p.hf, value.split(sizes, dim=0) if len(p.hf) > 1 else (value,)):
             out[prefix + name] = p.to_hf(piece).clone()
-    out["lm_head.weight"] = ours["head.weight"].clone()
+    if family.lm_head:
+        out["lm_head.weight"] = ours["head.weight"].clone()
     return out
 
 
@@ -366,18 +408,23 @@ def hf_config_for(model: TransformerLM, model_type: str):
     family = family_of(model_type)
     if family.hf_config is None:
         raise BackendUnsupportedError(f"model_type={model_type!r} is converted one way (into attnkit).", [model_type])
+    wrong = family.mismatches(model.config)
+    if wrong:
+        raise BackendUnsupportedError(f"the model has no exact {model_type} form: {'; '.join(wrong)}.", wrong)
     return family.hf_config(model.config, model_type)
 
 
 def to_hf(model: TransformerLM, model_type: str):
-    """A transformers ``*ForCausalLM`` of ``model_type`` with ``model``'s weights, in eval mode."""
+    """A transformers ``*ForCausalLM`` of ``model_type`` with ``model``'s weights, in eval mode (BERT: a
+    ``BertModel`` without pooler, whose ``last_hidden_state`` is ``model.encode(tokens)``)."""
     import attnkit.integrations.hf  # noqa: F401  (the "attnkit" implementation, for the caller's convenience)
     from attnkit.integrations.hf._deps import transformers
 
     tf = transformers()
     family = family_of(model_type)
     hf_cfg = hf_config_for(model, model_type)
-    hf_model = getattr(tf, family.causal_lm)(hf_cfg).to(next(model.parameters()).dtype)
+    extra = {} if family.lm_head else {"add_pooling_layer": False}  # BertModel: attnkit has no pooler
+    hf_model = getattr(tf, family.causal_lm)(hf_cfg, **extra).to(next(model.parameters()).dtype)
     missing, unexpected = hf_model.load_state_dict(to_hf_state_dict(model, model_type), strict=False)
     missing = [m for m in missing if not (m == "lm_head.weight" and model.config.tie_embeddings)]
     if missing or unexpected:

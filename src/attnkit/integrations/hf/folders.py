@@ -31,7 +31,7 @@ def load_hf(path: str | Path, *, dtype: torch.dtype = torch.float32):
     read_config(folder)  # refuses auto_map (custom code) first
     config = tf.AutoConfig.from_pretrained(folder, trust_remote_code=False, local_files_only=True)
     family = family_of(config.model_type)
-    auto = tf.AutoModelForCausalLM if family.causal_lm else tf.AutoModel
+    auto = tf.AutoModelForCausalLM if family.lm_head else tf.AutoModel  # BERT: the encoder (BertModel)
     return load_pretrained(auto, folder, optional=("pooler.",), dtype=dtype)  # BERT's pooler is not converted
 
 

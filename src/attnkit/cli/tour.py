@@ -1,5 +1,6 @@
-"""``attnkit demo``: attention with several masks and positions; which backend served each call and why,
-its error against the float64 reference, and the masks as pictures."""
+"""``attnkit tour`` (alias ``attnkit demo``): attention with several masks and positions; which backend served
+each call and why, its error against the float64 reference, and the masks as pictures. (``make demo`` is
+something else: it trains a small model and writes its report.)"""
 
 from __future__ import annotations
 
@@ -26,7 +27,8 @@ def cases(L: int):
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("demo", help="run attention with several masks and positions, and explain the routing")
+    p = sub.add_parser("tour", aliases=["demo"],
+                       help="a tour: attention with several masks and positions, and why each backend served it")
     p.add_argument("--length", type=int, default=12, help="sequence length (default 12)")
     p.set_defaults(run=run)
 

@@ -1,0 +1,175 @@
+"""``attnkit export RUN --hf OUT``: transformers' ``from_pretrained`` on OUT gives the run's logits, for every
+family the converter knows; OUT is never a non-empty folder, a file or a link unless asked (issue 23, item 5)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hf_tiny import VOCAB, build, tf
+
+from attnkit.cli.main import main
+from attnkit.integrations.hf.convert import from_hf
+from attnkit.models.builders import build_lm
+from attnkit.runs import load_model
+from attnkit.runs.write import save_checkpoint
+from oracle import assert_within_rule
+
+FAMILIES = ["gpt2", "llama", "mistral", "qwen2", "bert"]
+
+
+def _logits(hf, tokens):
+    """(B, L, V) logits of a transformers model; BERT's encoder: hidden states times the tied embeddings."""
+    with torch.no_grad():
+        if type(hf).__name__ == "BertModel":
+            return hf(input_ids=tokens).last_hidden_state @ hf.get_input_embeddings().weight.T
+        return hf(input_ids=tokens).logits
+
+
+def _write_run(folder, model, **state):
+    save_checkpoint(folder, 0, model, None, {"model_config": model.config.to_dict(), **state}, keep=0)
+    return folder
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def converted(request, tmp_path_factory):
+    """(family, the HF model, a run `attnkit convert` wrote from its folder)."""
+    torch.manual_seed(0)
+    hf = build(request.param, "sdpa", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0) \
+        if request.param == "bert" else build(request.param, "sdpa")
+    root = tmp_path_factory.mktemp(request.param)
+    hf.save_pretrained(root / "hf")
+    assert main(["convert", "--hf", str(root / "hf"), "--out", str(root / "run")]) == 0
+    return request.param, hf, root / "run"
+
+
+def test_export_round_trips_the_logits(converted, tmp_path, capsys):
+    family, source, run = converted
+    out = tmp_path / "exported"
+    assert main(["export", str(run), "--hf", str(out)]) == 0
+    assert f"({family}); from_pretrained logits vs attnkit" in capsys.readouterr().out
+    assert json.loads((out / "config.json").read_text())["model_type"] == family
+    auto = tf.AutoModel if family == "bert" else tf.AutoModelForCausalLM
+    exported = auto.from_pretrained(out).eval()
+    ours = load_model(run)
+    tokens = torch.randint(0, VOCAB, (2, 24), generator=torch.Generator().manual_seed(1))  # (B, L): past the window
+    with torch.no_grad():
+        golden, ref = ours.double()(tokens), load_model(run)(tokens)
+    assert_within_rule(_logits(exported, tokens), ref, golden, what=f"{family}: exported logits")
+    assert_within_rule(_logits(source, tokens), ref, golden, what=f"{family}: the source model's logits")
+    assert [p.name for p in tmp_path.iterdir()] == ["exported"]  # no staging folder left beside it
+
+
+@pytest.mark.parametrize(("overrides", "family"), [
+    ({"norm": "rmsnorm", "mlp": "swiglu"}, "llama"),
+    ({"norm": "rmsnorm", "mlp": "swiglu", "window": 4}, "mistral"),
+    ({"norm": "rmsnorm", "mlp": "swiglu", "qkv_bias": True, "n_kv_heads": 1}, "qwen2"),
+    ({"positions": "learned", "bias": True}, "gpt2"),
+])
+def test_a_trained_run_exports_as_the_family_its_config_fits(tmp_path, overrides, family, capsys):
+    torch.manual_seed(0)
+    model = build_lm("nano", **overrides)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.05 * torch.randn_like(p))  # not the init: biases and norms nonzero / off 1
+    run = _write_run(tmp_path / "run", model)
+    assert main(["export", str(run), "--hf", str(tmp_path / "out")]) == 0
+    assert f"({family})" in capsys.readouterr().out
+    exported = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "out").eval()
+    tokens = torch.randint(0, 257, (1, 20), generator=torch.Generator().manual_seed(1))  # (B, L)
+    with torch.no_grad():
+        golden, ref = model.eval().double()(tokens), load_model(run)(tokens)
+    assert_within_rule(_logits(exported, tokens), ref, golden, what=f"trained {family}")
+
+
+def test_a_model_no_family_expresses_is_refused_by_field(tmp_path, capsys):
+    run = _write_run(tmp_path / "run", build_lm("nano"))  # attnkit's presets: RoPE + LayerNorm + GELU
+    assert main(["export", str(run), "--hf", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "the model has no exact Hugging Face form: [gpt2] the model has no exact gpt2 form: positions='rope' " \
+           "(needs 'learned')" in err
+    assert "[llama] the model has no exact llama form: norm='layernorm' (needs 'rmsnorm'); mlp='gelu' (needs " \
+           "'swiglu')" in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_family_flag(tmp_path, capsys):
+    hf = build("mistral", "sdpa")
+    run = _write_run(tmp_path / "run", from_hf(hf))  # no converted_from: the config decides
+    assert main(["export", str(run), "--hf", str(tmp_path / "a"), "--family", "mistral"]) == 0
+    assert json.loads((tmp_path / "a" / "config.json").read_text())["model_type"] == "mistral"
+    assert main(["export", str(run), "--hf", str(tmp_path / "b"), "--family", "qwen2"]) == 2
+    assert "the model has no exact qwen2 form: qkv_bias=None (needs True)" in capsys.readouterr().err
+    assert main(["export", str(run), "--hf", str(tmp_path / "b"), "--family", "gemma2"]) == 2
+    assert ("--family 'gemma2' is not one of ['gpt2', 'llama', 'mistral', 'qwen2', 'bert']"
+            in capsys.readouterr().err)
+    assert main(["export", str(run), "--hf", str(tmp_path / "b"), "--family", "llama"]) == 2
+    assert "LLaMA has no sliding window" in capsys.readouterr().err
+
+
+@pytest.fixture(scope="module")
+def small_run(tmp_path_factory):
+    return _write_run(tmp_path_factory.mktemp("small") / "run", from_hf(build("llama", "sdpa")))
+
+
+def test_out_is_refused_unless_empty_or_an_earlier_export_with_overwrite(small_run, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()  # an empty folder is fine
+    assert main(["export", str(small_run), "--hf", str(out)]) == 0
+    assert main(["export", str(small_run), "--hf", str(out)]) == 2
+    assert f"--hf {str(out)!r} is not empty; pass --overwrite to replace an earlier export" in capsys.readouterr().err
+    (out / "stale.txt").write_text("from the earlier export")
+    assert main(["export", str(small_run), "--hf", str(out), "--overwrite"]) == 0
+    assert (out / "config.json").is_file() and not (out / "stale.txt").exists()
+
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    assert main(["export", str(small_run), "--hf", str(mine), "--overwrite"]) == 2
+    assert "holds files but no config.json, so it is not a Hugging Face folder" in capsys.readouterr().err
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+
+    (tmp_path / "file").write_text("x")
+    assert main(["export", str(small_run), "--hf", str(tmp_path / "file")]) == 2
+    assert "is a file; pass a folder (absent or empty)" in capsys.readouterr().err
+
+
+def test_never_writes_through_a_symlink(small_run, tmp_path, capsys):
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (tmp_path / "link").symlink_to(target)
+    assert main(["export", str(small_run), "--hf", str(tmp_path / "link"), "--overwrite"]) == 2
+    assert "is a symbolic link; export never writes through links" in capsys.readouterr().err
+    assert not any(target.iterdir())
+    # a link inside an earlier export is removed with it, its target untouched
+    out = tmp_path / "out"
+    assert main(["export", str(small_run), "--hf", str(out)]) == 0
+    (out / "extra").symlink_to(target)
+    (target / "precious.txt").write_text("x")
+    assert main(["export", str(small_run), "--hf", str(out), "--overwrite"]) == 0
+    assert (target / "precious.txt").read_text() == "x" and not (out / "extra").exists()
+
+
+def test_missing_run_is_named(tmp_path, capsys):
+    assert main(["export", str(tmp_path / "nope"), "--hf", str(tmp_path / "out")]) == 2
+    assert f"RUN {str(tmp_path / 'nope')!r} is not a run or checkpoint folder" in capsys.readouterr().err
+
+
+def test_a_folder_whose_logits_differ_is_never_written(small_run, tmp_path, monkeypatch, capsys):
+    """The export checks from_pretrained's logits before OUT is touched: a broken conversion writes nothing."""
+    from attnkit.integrations.hf import convert
+
+    real = convert.to_hf
+
+    def broken(model, family):
+        hf = real(model, family)
+        with torch.no_grad():
+            hf.model.norm.weight.mul_(1.5)
+        return hf
+
+    monkeypatch.setattr(convert, "to_hf", broken)
+    assert main(["export", str(small_run), "--hf", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "loads the exported llama folder with logits off by" in err and "nothing was written" in err
+    assert list(tmp_path.iterdir()) == []
