@@ -48,11 +48,16 @@ LOSS_PLOT = "loss.png"
 CHECKPOINTS = "checkpoints"
 ASIDE = ".replaced"  # where ``--overwrite`` keeps the run it replaces until the new run's first checkpoint
 MAX_MANIFEST_BYTES = 64 << 20
+READ_RETRIES = 3  # a run folder read while it trains: its newest checkpoint again, when the one read was pruned
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 
 
 class CheckpointError(AttnkitValueError):
     """A checkpoint is missing, truncated or corrupt (the message names the file and what to do)."""
+
+
+class CheckpointGone(CheckpointError):
+    """A healthy checkpoint was removed while it was read (the run that trains there pruned it)."""
 
 
 # ------------------------------------------------------------------------------------------------ files
@@ -186,9 +191,17 @@ def read_verified(ckpt: str | Path, keep: tuple[str, ...] = ()) -> tuple[dict, d
     ckpt = Path(ckpt)
     previous = [p for p in list_checkpoints(ckpt.parent.parent) if p.name < ckpt.name]
     hint = (f"the previous checkpoint {previous[-1]} is intact: resume from it with --resume {previous[-1]}, or "
-            "delete the damaged folder." if previous else "no earlier checkpoint exists; restart the run.")
+            "delete the damaged folder." if previous else "no earlier checkpoint exists: train the run again (the "
+            "damaged folder is kept for inspection).")
 
     def fail(problem: str, exc: Exception | None = None):
+        newest = list_checkpoints(ckpt.parent.parent) if ckpt.parent.name == CHECKPOINTS else []
+        pruned = isinstance(exc, FileNotFoundError) and newest and newest[-1].name > ckpt.name
+        if not ckpt.is_dir() or pruned:  # it was there when named: the run training there pruned it meanwhile
+            raise CheckpointGone(f"checkpoint {str(ckpt)!r} was removed while it was read: the run is still training "
+                                 "and keeps only its newest checkpoints (--keep); "
+                                 + (f"read the newest, {newest[-1]}, or the run folder {str(ckpt.parent.parent)!r}."
+                                    if newest else "read the run folder once it has written its next one.")) from exc
         raise CheckpointError(f"checkpoint {str(ckpt)!r}: {problem}; {hint}") from exc
 
     folder = STEP_DIR.match(ckpt.name)
@@ -300,8 +313,14 @@ def load_verified_weights(ckpt: str | Path, model: torch.nn.Module, data: bytes)
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> TransformerLM:
     """The ``TransformerLM`` of a checkpoint (a checkpoint folder or a run folder: its newest), verified, built from
     the checkpoint's own ``model_config``, in eval mode."""
-    where = resolve(path)
-    state, data = read_verified(where, keep=(FILES[0],))  # verified once; these bytes are what is loaded
+    for attempt in range(READ_RETRIES):
+        where = resolve(path)
+        try:
+            state, data = read_verified(where, keep=(FILES[0],))  # verified once; these bytes are what is loaded
+            break
+        except CheckpointGone:  # a run folder named: its newest checkpoint was pruned by the trainer meanwhile
+            if where == Path(path) or attempt == READ_RETRIES - 1:
+                raise
     model = TransformerLM(LMConfig.from_dict(state["model_config"]))
     load_verified_weights(where, model, data[FILES[0]])
     return model.to(device).eval()
