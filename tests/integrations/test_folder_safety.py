@@ -107,3 +107,58 @@ def test_a_converted_model_with_a_257_token_vocabulary_never_speaks_bytes(tmp_pa
     assert main(["generate", str(run), "--prompt", "hello", "--max-new-tokens", "4"]) == 2
     assert "has no tokenizer to encode --prompt with" in capsys.readouterr().err
     assert main(["generate", str(run), "--ids", "--prompt", "1 2 3", "--max-new-tokens", "4"]) == 0
+
+
+MALFORMED = {
+    "a string size": ("num_attention_heads", "four", "field 'num_attention_heads' is 'four', expected a positive int"),
+    "no model_type": ("model_type", None, "field 'model_type' is None, expected the model's type as a string (e.g. 'llama')"),
+    "a null size": ("hidden_size", None, "field 'hidden_size' is None, expected a positive int"),
+    "a negative size": ("vocab_size", -5, "field 'vocab_size' is -5, expected a positive int"),
+    "a string number": ("rope_theta", "x", "field 'rope_theta' is 'x', expected a number"),
+    "a list": ("max_position_embeddings", [64], "field 'max_position_embeddings' is [64], expected a positive int"),
+}
+
+
+@pytest.mark.parametrize("case", list(MALFORMED), ids=list(MALFORMED))
+@pytest.mark.parametrize("command", ["doctor", "convert", "report"])
+def test_a_malformed_config_is_one_typed_line_naming_the_field(tmp_path, capsys, case, command):
+    folder = _hf_folder(tmp_path / "hf")
+    field, value, words = MALFORMED[case]
+    config = json.loads((folder / "config.json").read_text())
+    config.pop(field) if value is None and field == "model_type" else config.__setitem__(field, value)
+    (folder / "config.json").write_text(json.dumps(config))
+    args = {"doctor": ["doctor", str(folder)], "convert": ["convert", "--hf", str(folder), "--out", str(tmp_path / "r")],
+            "report": ["report", str(folder), "--no-doctor", "--out", str(tmp_path / "r.html")]}[command]
+    assert main(args) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"'{folder / 'config.json'}': {words}; restore the config.json" in err and "Traceback" not in err
+    assert not (tmp_path / "r").exists() and not (tmp_path / "r.html").exists()
+
+
+@pytest.mark.parametrize("command", ["doctor", "report", "generate"])
+def test_a_folder_without_weights_is_refused_saying_the_models_size(tmp_path, capsys, command, monkeypatch):
+    folder = _hf_folder(tmp_path / "hf")
+    for weights in folder.glob("*.safetensors"):
+        weights.unlink()
+    params = sum(p.numel() for p in tf.LlamaForCausalLM(tf.LlamaConfig.from_pretrained(folder)).parameters())
+    built = []
+    monkeypatch.setattr(tf.LlamaForCausalLM, "post_init", lambda self: built.append(self))  # a real build calls it
+    args = {"doctor": ["doctor", str(folder)], "report": ["report", str(folder), "--no-doctor", "--out",
+                                                           str(tmp_path / "r.html")],
+            "generate": ["generate", str(folder), "--prompt", "w1"]}[command]
+    assert main(args) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"'{folder}' has a config.json but no weights (*.safetensors or *.bin)" in err
+    assert f"only an architecture (llama, {params:,} parameters, 0.00 GiB in float32)" in err
+    assert all(p.device.type == "meta" for m in built for p in m.parameters())  # nothing built in memory
+
+
+def test_a_model_larger_than_the_memory_here_is_refused_before_it_is_built(tmp_path, capsys, monkeypatch):
+    from attnkit.integrations.hf import folders
+
+    folder = _hf_folder(tmp_path / "hf")
+    monkeypatch.setattr(folders, "available_memory", lambda: 1000)
+    assert main(["doctor", str(folder)]) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"'{folder}' holds a model of " in err
+    assert "parameters, 0.00 GiB in float32, more than the 0.00 GiB of memory available here" in err

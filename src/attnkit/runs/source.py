@@ -160,8 +160,8 @@ def open_source(target: str | Target, *, encoder: bool = False, convert: bool = 
 
         model, loaded, tokenizer = load_hf(where.path), True, lambda: folder_tokenizer(where.path)
     else:
-        model, fresh = load_hf_folder(where.path, encoder=encoder)
-        loaded, tokenizer = not fresh, lambda: folder_tokenizer(where.path)
+        model, _ = load_hf_folder(where.path, encoder=encoder)
+        loaded, tokenizer = True, lambda: folder_tokenizer(where.path)
     if convert:
         from attnkit.integrations.hf.convert import from_hf
 
@@ -193,16 +193,15 @@ def hf_tiny(name: str):
 
 
 def load_hf_folder(path: Path, *, encoder: bool = False):
-    """``(model, fresh)`` for a Hugging Face folder, never running its code: ``trust_remote_code=False`` and
-    a config with ``auto_map`` (custom modelling code in the folder) is refused with :class:`RemoteCodeRefused`.
-    ``fresh`` is True for a config without weights (random weights), None for weights of unknown training."""
-    from attnkit.integrations.hf.folders import HF_ENCODER_TYPES, load_pretrained
+    """``(model, None)`` for a Hugging Face folder with weights (of unknown training), never running its code:
+    ``trust_remote_code=False`` and a config with ``auto_map`` (custom modelling code in the folder) is refused with
+    :class:`RemoteCodeRefused`; a malformed config.json, a folder without weights and a model larger than the
+    memory here are typed errors before anything is built (:mod:`attnkit.integrations.hf.folders`)."""
+    from attnkit.integrations.hf.folders import HF_ENCODER_TYPES, check_weights, load_config, load_pretrained
 
-    read_config(path)  # refuses auto_map (custom code) before transformers sees the folder
     tf = _transformers()
-    config = tf.AutoConfig.from_pretrained(path, trust_remote_code=False, local_files_only=True)
+    config = load_config(path)
     auto = tf.AutoModelForMaskedLM if encoder or config.model_type in HF_ENCODER_TYPES else tf.AutoModelForCausalLM
-    if any(path.glob("*.safetensors")) or any(path.glob("*.bin")):
-        # an encoder's masked-LM head may be absent (a sentence-embedding checkpoint): only attention is examined
-        return load_pretrained(auto, path, optional=("cls.", "pooler.")), None
-    return auto.from_config(config, trust_remote_code=False).eval(), True
+    check_weights(auto, config, path)
+    # an encoder's masked-LM head may be absent (a sentence-embedding checkpoint): only attention is examined
+    return load_pretrained(auto, path, optional=("cls.", "pooler.")), None
