@@ -78,6 +78,14 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"attnkit {args.command}: interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:  # a write the library did not name (disk full, read-only): the path and the OS error
+        from attnkit.runs.write import write_failed
+
+        failed = write_failed(exc.filename, exc, atomic=False) if exc.filename is not None and not debug else None
+        if failed is None:
+            raise
+        print(f"attnkit {args.command}: error: {failed}", file=sys.stderr)
+        return 2
     except AttnkitError as exc:  # a user error: the typed message (it names the value and the fix) alone
         if debug:
             raise

@@ -14,7 +14,7 @@ import torch
 
 from attnkit.runs.folder import RunFolder
 from attnkit.runs.tokens import TOKENIZER_DIR, folder_tokenizer
-from attnkit.runs.write import save_checkpoint
+from attnkit.runs.write import save_checkpoint, writing
 
 
 def convert_folder(path: str | Path, out: str | Path, *, dtype: torch.dtype | None = None, overwrite: bool = False,
@@ -41,7 +41,8 @@ def convert_folder(path: str | Path, out: str | Path, *, dtype: torch.dtype | No
         if overwrite:
             folder.set_aside()
         if tokenizer is not None:
-            tokenizer.hf.save_pretrained(Path(out) / TOKENIZER_DIR)
+            with writing(Path(out) / TOKENIZER_DIR):  # disk full, read-only: typed, the old run restored
+                tokenizer.hf.save_pretrained(Path(out) / TOKENIZER_DIR)
         state = {"model_config": model.config.to_dict(), "converted_from": source,
                  "tokenizer": TOKENIZER_DIR if tokenizer is not None else None}
         where = save_checkpoint(out, 0, model, None, state, keep=0)  # the folder holds no other checkpoint

@@ -26,7 +26,7 @@ from attnkit.errors import AttnkitValueError, EnvironmentUnsupportedError
 from attnkit.runs import write as ckpt
 from attnkit.runs.read import ASIDE, CHECKPOINTS, LOSS_PLOT, METRICS, RUN_CONFIG, is_run_folder, open_regular
 from attnkit.runs.tokens import TOKENIZER_DIR
-from attnkit.runs.write import replacing
+from attnkit.runs.write import replacing, writing
 
 LOCK = ".attnkit.lock"
 MOVING = ".moving.json"  # in ASIDE: the names set_aside moves, written before it moves any
@@ -56,8 +56,9 @@ class RunFolder:
 
         if self.path.exists() and not self.path.is_dir():
             raise RunFolderError(f"run_dir {str(self.path)!r} is a file, not a folder; pick another --run-dir.")
-        self.path.mkdir(parents=True, exist_ok=True)
-        fd = self._open_lock()
+        with writing(self.path / LOCK):  # a read-only folder: a typed error naming it
+            self.path.mkdir(parents=True, exist_ok=True)
+            fd = self._open_lock()
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:

@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 from attnkit.runs.read import read_metrics  # (defined with the run reader: the report reads metrics too)
-from attnkit.runs.write import replacing
+from attnkit.runs.write import replacing, writing
 
 
 class MetricsWriter:
@@ -27,7 +27,8 @@ class MetricsWriter:
                     if r["step"] <= resume_step]
         with replacing(self.path) as f:  # the kept history replaces the file at once: a kill leaves one or the other
             f.write("".join(self._line(r) for r in kept).encode())
-        self._file = open(self.path, "a")  # noqa: SIM115 - open for the whole run, closed by close()
+        with writing(self.path):
+            self._file = open(self.path, "a")  # noqa: SIM115 - open for the whole run, closed by close()
         for record in kept:
             self._count_line(self._line(record))
 
@@ -41,8 +42,9 @@ class MetricsWriter:
 
     def write(self, record: dict) -> None:
         line = self._line(record)
-        self._file.write(line)
-        self._file.flush()
+        with writing(self.path):  # disk full: a typed error naming the file (a cut last line is skipped on reading)
+            self._file.write(line)
+            self._file.flush()
         self._count_line(line)
 
     def fingerprint(self) -> dict:
