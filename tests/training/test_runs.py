@@ -73,7 +73,7 @@ def test_device_cuda_without_cuda_is_a_typed_error_and_writes_nothing(tmp_path):
     assert not (tmp_path / "run").exists()
     assert main(["train", "--run-dir", str(tmp_path / "cli"), "--device", "cuda", "--steps", "2"]) == 2
     assert not (tmp_path / "cli").exists()
-    with pytest.raises(AttnkitValueError, match="device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'gpu'"):
+    with pytest.raises(AttnkitValueError, match=r"device must be 'auto', 'cpu', 'cuda' or 'cuda:N' \(or 'mps'\), got 'gpu'"):
         train(small_config(tmp_path / "run", device="gpu"), log=_quiet)
 
 

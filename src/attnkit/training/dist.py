@@ -58,7 +58,8 @@ def pick_device(name: str) -> torch.device:
     try:
         device = torch.device(name)
     except (RuntimeError, TypeError) as exc:
-        raise AttnkitValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {name!r}.") from exc
+        raise AttnkitValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N' (or 'mps'), got {name!r}; pass --device cpu "
+                                "or --device auto.") from exc
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise EnvironmentUnsupportedError(
@@ -68,8 +69,12 @@ def pick_device(name: str) -> torch.device:
         if device.index is not None and device.index >= torch.cuda.device_count():
             raise EnvironmentUnsupportedError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA "
                                               f"device(s) (cuda:0 .. cuda:{torch.cuda.device_count() - 1}).")
+    elif device.type == "mps" and not (torch.backends.mps.is_built() and torch.backends.mps.is_available()):
+        raise EnvironmentUnsupportedError(f"--device {name}: Apple's MPS is not available here (torch "
+                                          f"{torch.__version__}); use --device cpu or --device auto.")
     elif device.type not in ("cpu", "mps", "xpu"):
-        raise AttnkitValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got {name!r}.")
+        raise AttnkitValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N' (or 'mps'), got {name!r}; pass --device cpu "
+                                "or --device auto.")
     return device
 
 
