@@ -37,6 +37,11 @@ class StructuredBias:
         bound. Backends may skip keys beyond it when ``margin`` covers what the scores can add back."""
         return None
 
+    def memo_key(self):
+        """A hashable value that equals another bias's exactly when the two score alike (e.g. ALiBi's slopes),
+        or None (the default) when it can't say: backends then build their tables per call."""
+        return None
+
     def materialize(self, q_positions: torch.Tensor, kv_positions: torch.Tensor) -> torch.Tensor:
         """Dense float32 bias ``(B|1, H, Lq, Lk)`` for positions ``(B|1, Lq)`` and ``(B|1, Lk)`` (B when the
         bias has per-row terms)."""

@@ -1,4 +1,4 @@
-"""Scalar argument checks shared by every module (L0: depends only on ``attnkit.errors``).
+"""Scalar and position-id argument checks shared by every module (L0: depends only on ``attnkit.errors``).
 
 Each raises a typed error whose message names the argument, its value and, when given, the fix.
 """
@@ -6,6 +6,8 @@ Each raises a typed error whose message names the argument, its value and, when 
 from __future__ import annotations
 
 import math
+
+import torch
 
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
 
@@ -41,3 +43,34 @@ def number(value: object, name: str, *, low: float, high: float = math.inf, low_
                  else f"{'>' if low_open else '>='} {low}")
         raise AttnkitValueError(f"{name} must be {bound}, got {value}; {fix}")
     return float(value)
+
+
+def position_ids(value: object, name: str = "positions", *, length: int | None = None, batch: int | None = None,
+                 device: torch.device | None = None, owner: str = "q", two_dims: bool = False, note: str = ""):
+    """``value`` if it is an integer tensor of token positions ``(L,)`` or ``(B, L)``: the one check of position
+    ids (attention calls, modules, position schemes, masks, caches, context parallelism).
+
+    ``length``: L must be it, and the batch dim 1 or ``batch``; ``two_dims``: only ``(1|B, L)`` (caches);
+    ``device``: the positions must sit there, with ``owner`` (the tensor that decides it) named in the message;
+    ``note``: what the shape must match, in words. Returns int64 ``(B|1, L)`` when ``length`` is given, else the
+    tensor as given. ``TypeError`` for anything but an integer tensor, ``ValueError`` for a shape or device
+    that does not fit.
+    """
+    if not isinstance(value, torch.Tensor) or value.dtype.is_floating_point or value.dtype.is_complex or \
+            value.dtype == torch.bool:
+        raise AttnkitTypeError(f"{name} must be an integer tensor of absolute positions, got {describe(value)}; pass "
+                               "e.g. torch.arange(L) (int64).")
+    dims = (2,) if two_dims else (1, 2)
+    if value.dim() not in dims or (length is not None and (value.shape[-1] != length or (
+            value.dim() == 2 and batch is not None and value.shape[0] not in (1, batch)))):
+        shapes = (f"(1, {length}) or ({batch}, {length})" if two_dims else
+                  "(L,) or (B, L)" if length is None else f"({length},) or ({batch if batch is not None else 'B'}, "
+                  f"{length})")
+        raise AttnkitValueError(f"{name} must have shape {shapes}{note}, got {describe(value)}; give one position "
+                                "per token.")
+    if device is not None and value.device != device:
+        raise AttnkitValueError(f"{name} is on {value.device} but {owner} is on {device}; move it with "
+                                f".to({owner}.device).")
+    if length is None:
+        return value
+    return value.long().reshape(value.shape[0] if value.dim() == 2 else 1, length)  # (B|1, L)

@@ -8,18 +8,18 @@ Shape legend: B batch, H query heads, Hkv key/value heads, Lq/Lk query/key lengt
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from attnkit._bias import StructuredBias
 from attnkit._checks import number as check_scalar
+from attnkit._checks import position_ids
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
 from attnkit.masks import MaskSpec, PreparedMask, default_positions
-from attnkit.masks.dense import check_default_alignment
 
 
-@dataclass(frozen=True)
+@dataclass(slots=True)  # built once per call: not frozen (a frozen one costs ~1 us more to build); read-only by convention
 class AttentionCall:
     """A validated attention request: tensors at the backend boundary plus every option.
 
@@ -48,6 +48,8 @@ class AttentionCall:
     #: attention sinks: one learned logit per query head ``(H,)`` that takes probability mass in the softmax
     #: and is dropped (gpt-oss); served by backends with ``serves_sinks = True`` (math), refused by the others
     sinks: torch.Tensor | None = None
+    #: ``(shapes, dtypes, devices)`` of q, k, v as :func:`check_tensors` keyed them (None: not computed)
+    tensors_key: tuple | None = field(default=None, repr=False, compare=False)
 
     @property
     def batch(self) -> int:
@@ -80,8 +82,16 @@ class AttentionCall:
 
     @property
     def needs_grad(self) -> bool:
-        return torch.is_grad_enabled() and (any(t.requires_grad for t in (self.q, self.k, self.v))
+        return torch.is_grad_enabled() and (self.q.requires_grad or self.k.requires_grad or self.v.requires_grad
                                             or self.bias_needs_grad)
+
+    def signature(self) -> tuple:
+        """Everything about the call except tensor values and its mask: shapes, dtype, device, whether autograd
+        needs it, and the kinds of its options (a float softcap or none, dropout or none, the bias's type, sinks
+        or none, default positions or given ones). The key of auto's memoised choice (backends.registry)."""
+        return (self.tensors_key or _tensors_key(self.q, self.k, self.v), self.needs_grad, self.bias_needs_grad,
+                self.return_weights, self.softcap is None, self.dropout_p > 0, type(self.bias),
+                self.sinks is None, self.default_positions)
 
     def positions(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Query and key positions ``(B|1, Lq)``, ``(B|1, Lk)`` int64 on q's device."""
@@ -101,7 +111,35 @@ def bias_needs_grad(bias: torch.Tensor | StructuredBias | None, device: torch.de
     return bool(bias.score(zero, zero, zero, b=zero).requires_grad)
 
 
-def check_tensors(q: object, k: object, v: object) -> None:
+#: ``(shapes, dtypes, devices)`` of q, k, v that passed :func:`check_tensors`: everything it reads, so a key
+#: found here proves the same checks pass again (plain tensors only; bounded, cleared when full)
+_CHECKED_TENSORS: dict[tuple, None] = {}
+_CHECKED_MAX = 1024
+
+
+def _tensors_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple:
+    return (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device)
+
+
+def check_tensors(q: object, k: object, v: object) -> tuple | None:
+    """Types, ranks, dtypes, devices and shapes of ``q (B, H, Lq, D)``, ``k, v (B, Hkv, Lk, D|Dv)``: done once per
+    key (a memo keyed on exactly what the checks read), again for every call with another key. Returns the key
+    (None for tensor subclasses and while compiling: then nothing is memoised)."""
+    key = None
+    if type(q) is torch.Tensor and type(k) is torch.Tensor and type(v) is torch.Tensor and \
+            not torch.compiler.is_compiling():
+        key = _tensors_key(q, k, v)
+        if key in _CHECKED_TENSORS:
+            return key
+    _check_tensors(q, k, v)
+    if key is not None:
+        if len(_CHECKED_TENSORS) >= _CHECKED_MAX:
+            _CHECKED_TENSORS.clear()
+        _CHECKED_TENSORS[key] = None
+    return key
+
+
+def _check_tensors(q: object, k: object, v: object) -> None:
     for name, t in (("q", q), ("k", k), ("v", v)):
         if not isinstance(t, torch.Tensor):
             raise AttnkitTypeError(f"{name} must be a torch.Tensor, got {describe(t)}.")
@@ -135,32 +173,11 @@ def check_tensors(q: object, k: object, v: object) -> None:
         )
 
 
-def check_position_ids(positions: object, name: str = "positions") -> torch.Tensor:
-    """An integer tensor of token positions ``(L,)`` or ``(B, L)`` (used by the position embeddings)."""
-    if not isinstance(positions, torch.Tensor) or positions.dtype.is_floating_point or \
-            positions.dtype.is_complex or positions.dtype == torch.bool:
-        raise AttnkitTypeError(f"{name} must be an integer tensor, got {describe(positions)}; pass e.g. "
-                               "torch.arange(L) (int64).")
-    if positions.dim() not in (1, 2):
-        raise AttnkitValueError(f"{name} must have shape (L,) or (B, L), got {describe(positions)}; pass one "
-                                "position per token.")
-    return positions
-
-
 def check_positions(positions: object, name: str, batch: int, length: int, device: torch.device):
+    """A call's ``positions``: None (the defaults), or int64 ``(B|1, L)`` (:func:`attnkit._checks.position_ids`)."""
     if positions is None:
         return None
-    if not isinstance(positions, torch.Tensor) or positions.dtype.is_floating_point or positions.dtype == torch.bool:
-        raise AttnkitTypeError(f"{name} must be an integer tensor of absolute positions, got {describe(positions)}; "
-                               "pass e.g. torch.arange(L).")
-    if positions.dim() not in (1, 2) or positions.shape[-1] != length or (
-        positions.dim() == 2 and positions.shape[0] not in (1, batch)
-    ):
-        raise AttnkitValueError(f"{name} must have shape ({length},) or ({batch}, {length}), got {describe(positions)}; "
-                                "give one position per token of this call.")
-    if positions.device != device:
-        raise AttnkitValueError(f"{name} is on {positions.device} but q is on {device}; move it with .to(q.device).")
-    return positions.long().reshape(positions.shape[0] if positions.dim() == 2 else 1, length)  # (B|1, L)
+    return position_ids(positions, name, length=length, batch=batch, device=device)
 
 
 def check_mask(mask: object, shape: tuple[int, int, int, int], device: torch.device | None = None) -> None:
@@ -219,43 +236,48 @@ def _check_broadcast(t: torch.Tensor, name: str, shape: tuple[int, int, int, int
 
 def build_call(q, k, v, mask=None, *, bias=None, scale=None, softcap=None, dropout_p=0.0,
                q_positions=None, kv_positions=None, return_weights=False, sinks=None) -> AttentionCall:
-    """Validate the arguments of :func:`attnkit.attention` and bundle them."""
-    check_tensors(q, k, v)
+    """Validate the arguments of :func:`attnkit.attention` and bundle them.
+
+    Checks that read only shapes, dtypes and devices are memoised on exactly those (:func:`check_tensors`); a
+    prepared mask was bound once, so a call with one checks only that it fits (batch, lengths, device)."""
+    tensors_key = check_tensors(q, k, v)
     B, H, Lq, D = q.shape
-    shape = (B, H, Lq, k.shape[2])
+    Lk = k.shape[2]
+    shape = (B, H, Lq, Lk)
     check_mask(mask, shape, q.device)
-    check_bias(bias, shape, H)
-    reads = [what for what, on in ((f"mask {mask!r}", getattr(mask, "positional", False)),
-                                   (f"bias {type(bias).__name__}", isinstance(bias, StructuredBias))) if on]
-    if q_positions is None and reads and k.shape[2] > 0:  # (no key: every row is 0 wherever it sits)
-        verb = "read" if len(reads) > 1 else "reads"
-        check_default_alignment(Lq, k.shape[2], f"{' and '.join(reads)} {verb} positions; pass q_positions= (and "
-                                "kv_positions=) with the absolute positions of this call's tokens")
+    if bias is not None:
+        check_bias(bias, shape, H)
     scale = 1.0 / math.sqrt(D) if scale is None else check_scalar(
         scale, "scale", low=0.0, high=math.inf, low_open=True, fix="omit it for the default 1/sqrt(head_dim).")
     if softcap is not None:
         softcap = check_scalar(softcap, "softcap", low=0.0, high=math.inf, low_open=True,
                                fix="use a positive cap such as 50.0 (Gemma 2), or None for no softcap.")
-    dropout_p = check_scalar(dropout_p, "dropout_p", low=0.0, high=1.0, fix="use 0 <= dropout_p < 1 (0 at eval).")
-    if not isinstance(return_weights, bool):
+    if not (type(dropout_p) is float and dropout_p == 0.0):  # (the default needs no check)
+        dropout_p = check_scalar(dropout_p, "dropout_p", low=0.0, high=1.0, fix="use 0 <= dropout_p < 1 (0 at eval).")
+    if return_weights is not False and return_weights is not True:
         raise AttnkitTypeError(f"return_weights must be True or False, got {describe(return_weights)}; pass a bool "
                                "(a string such as 'no' is not one).")
-    q_positions = check_positions(q_positions, "q_positions", B, Lq, q.device)
-    kv_positions = check_positions(kv_positions, "kv_positions", B, k.shape[2], q.device)
+    if q_positions is not None:
+        q_positions = check_positions(q_positions, "q_positions", B, Lq, q.device)
+    if kv_positions is not None:
+        kv_positions = check_positions(kv_positions, "kv_positions", B, Lk, q.device)
     prepared = mask
     if isinstance(mask, PreparedMask):  # its positions are the call's (given ones must equal them)
-        q_positions = mask.same_positions("q_positions", q_positions)
-        kv_positions = mask.same_positions("kv_positions", kv_positions)
+        if q_positions is not None or kv_positions is not None or not mask.default_positions:
+            q_positions = mask.same_positions("q_positions", q_positions)
+            kv_positions = mask.same_positions("kv_positions", kv_positions)
         if mask.batch != B:  # prepared for batch 1, broadcast over this call's rows: bound again for them, once
             # (memo key B: the positions equal the prepared ones and check_call fixed Lq, Lk and the device)
             prepared = mask.memo(("batch", B), lambda: PreparedMask.for_call(
-                mask.source, q_positions, kv_positions, B, Lq, k.shape[2], q.device))
+                mask.source, q_positions, kv_positions, B, Lq, Lk, q.device))
         mask = mask.source
     elif mask is not None:
-        prepared = PreparedMask.for_call(mask, q_positions, kv_positions, B, Lq, k.shape[2], q.device)
-    check_sinks(sinks, H, q.device)
+        prepared = PreparedMask.for_call(mask, q_positions, kv_positions, B, Lq, Lk, q.device)
+    if sinks is not None:
+        check_sinks(sinks, H, q.device)
     return AttentionCall(q, k, v, mask, bias, scale, softcap, dropout_p, q_positions, kv_positions,
-                         return_weights, prepared, bias_needs_grad(bias, q.device), sinks)
+                         return_weights, prepared, bias is not None and bias_needs_grad(bias, q.device), sinks,
+                         tensors_key)
 
 
 def check_sinks(sinks, num_heads: int, device: torch.device) -> None:

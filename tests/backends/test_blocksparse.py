@@ -146,3 +146,25 @@ def test_softcap_with_gradients_on_cpu_routes_to_blocksparse():
     e = ak.explain(q, k, v, M.sliding_window(256), softcap=30.0)
     assert e.chosen == "blocksparse" and "reachable key blocks" in e.why[0]
     assert ak.explain(q, k, v, None, softcap=30.0).chosen == "blocksparse"  # no mask: tiled, still no Lq x Lk
+
+
+@pytest.mark.parametrize("bias", [None, "alibi"])
+def test_pieces_read_the_prepared_masks_bound_function(monkeypatch, bias):
+    """Issue 20 item 5: masked pieces evaluate the prepared mask's bound function; nothing binds the mask again
+    per piece group or per layer (the old evaluate_on re-bound it for every group of pieces)."""
+    L = 300
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, L, 8, generator=g) for _ in range(3))
+    mask = M.causal() & M.strided(3)  # masked pieces (not an offset interval: the per-piece path with a bias)
+    prepared = ak.masks.prepare(mask, L)
+    kw = {} if bias is None else {"bias": ak.positions.ALiBi(2)}
+    first = ak.attention(q, k, v, prepared, backend="blocksparse", **kw)  # binds once, through prepared.fn
+    binds = []
+    for cls in {type(mask), *(type(p) for p in mask.parts)}:
+        original = cls.bind
+        monkeypatch.setattr(cls, "bind", lambda self, ctx, original=original: binds.append(self) or original(self, ctx))
+    for _ in range(2):  # two more "layers" sharing the prepared mask
+        torch.testing.assert_close(ak.attention(q, k, v, prepared, backend="blocksparse", **kw), first)
+    assert binds == []
+    golden = ak.attention(q.double(), k.double(), v.double(), mask, backend="math", **kw)
+    assert_within_rule(first, ak.attention(q, k, v, mask, backend="math", **kw), golden)

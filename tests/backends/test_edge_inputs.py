@@ -17,24 +17,32 @@ BACKENDS = [b for b in ak.backends.available() if b != "flex"]
 
 
 # ---------------------------------------------------------------- item 4: causal with Lq > Lk, default positions
+# (issue 21 item 11 reverses the refusal: bottom-right alignment as flash-attn and PyTorch's causal_lower_right;
+# the oracle grid is tests/backends/test_oracle.py::test_more_queries_than_keys)
 
 
 @pytest.mark.parametrize("backend", ["auto", *BACKENDS])
 @pytest.mark.parametrize("mask", [M.causal(), M.sliding_window(2), M.padding([2]) & M.causal(),
                                   M.global_tokens([0]) | M.strided(2)], ids=repr)
-def test_positional_mask_with_more_queries_than_keys_raises_like_picture(mask, backend):
+def test_positional_mask_with_more_queries_than_keys_aligns_bottom_right(mask, backend):
+    """Default positions put the 5 queries at -2..2: the call equals the same call with those positions
+    given, and the picture draws the rows the call computes."""
     q, k, v = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 3, 8), torch.randn(1, 2, 3, 8)
-    with pytest.raises(AttnkitValueError, match="q_positions length 5 exceeds kv_positions length 3") as picture:
-        mask.picture(5, 3)
-    with pytest.raises(type(picture.value), match=r"q_positions length 5 exceeds kv_positions length 3.*"
-                                                  r"reads positions; pass q_positions="):
-        ak.attention(q, k, v, mask, backend=backend)
+    pos = {"q_positions": torch.arange(-2, 3), "kv_positions": torch.arange(3)}
+    torch.testing.assert_close(ak.attention(q, k, v, mask, backend=backend),
+                               ak.attention(q, k, v, mask, backend="math", **pos))
+    assert torch.equal(mask.to_dense(5, 3), mask.to_dense(pos["q_positions"], pos["kv_positions"]))
 
 
-def test_structured_bias_with_more_queries_than_keys_raises():
+def test_causal_picture_with_more_queries_than_keys_has_empty_top_rows():
+    assert M.causal().picture(4, 2).splitlines() == [". .", ". .", "# .", "# #"]
+
+
+def test_structured_bias_with_more_queries_than_keys_is_served():
     q, k = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 3, 8)
-    with pytest.raises(AttnkitValueError, match="bias ALiBi reads positions"):
-        ak.attention(q, k, k, bias=ak.positions.ALiBi(2))
+    pos = {"q_positions": torch.arange(-2, 3), "kv_positions": torch.arange(3)}
+    torch.testing.assert_close(ak.attention(q, k, k, bias=ak.positions.ALiBi(2)),
+                               ak.attention(q, k, k, bias=ak.positions.ALiBi(2), backend="math", **pos))
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

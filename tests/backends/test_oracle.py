@@ -126,8 +126,10 @@ def _case(device, dtype, shape, mask_name, extra_name, seed=0, masks=MASKS):
     return q, k, v, mask, kwargs
 
 
-def check_backend(backend, dtype, shape, mask_name, extra_name, seed=0, masks=MASKS, zero_q_grad=False,
+def check_backend(backend, dtype, shape, mask_name, extra_name, seed=0, masks=MASKS, zero_grads="",
                   device="cpu"):
+    """``zero_grads``: the letters of the gradients that are exactly 0 in exact arithmetic (a single key: the
+    softmax is constant), checked against a rounding-level bound instead of the rule."""
     if backend not in GRID_BACKENDS[device]:
         pytest.skip(f"{backend} is not in the {device} grid (see the module docstring)")
     q, k, v, mask, kwargs = _case(device, dtype, shape, mask_name, extra_name, seed, masks)
@@ -147,9 +149,9 @@ def check_backend(backend, dtype, shape, mask_name, extra_name, seed=0, masks=MA
     assert out.dtype == dtype
     assert_within_rule(out, ref, gold, what=f"{backend} output")
     for name, got, r, gg in zip("qkv", grads, ref_grads, gold_grads):
-        if name == "q" and zero_q_grad:  # exactly 0 in exact arithmetic: a rounding-level bound, not the rule
+        if name in zero_grads:  # exactly 0 in exact arithmetic: a rounding-level bound, not the rule
             scale = float(v.abs().max()) * float(ref.abs().max() + 1)
-            assert float(got.abs().max()) <= 16 * torch.finfo(dtype).eps * scale, f"{backend} grad q not ~0"
+            assert float(got.abs().max()) <= 16 * torch.finfo(dtype).eps * scale, f"{backend} grad {name} not ~0"
             continue
         assert_within_rule(got, r, gg, factor=3.0, what=f"{backend} grad {name}")
 
@@ -192,10 +194,48 @@ def test_options_against_reference(device, backend, dtype, shape_id, mask_name, 
 @pytest.mark.parametrize("mask_name", list(EDGE_MASKS))
 def test_block_edges(device, backend, length, mask_name):
     shape = (1, 2, 1, length, length, 16) if length > 200 else (2, 4, 2, length, length, 8)
-    # with one key (length 1) the softmax is constant, so grad q is 0 up to rounding: the 2x rule's floor
+    # with one key (length 1) the softmax is constant, so grads q and k are 0 up to rounding: the 2x rule's floor
     # (relative to |golden| = 0) is below one rounding step of the kernels' backward there
-    check_backend(backend, torch.float32, shape, mask_name, "plain", masks=EDGE_MASKS, zero_q_grad=length == 1,
-                  device=device)
+    check_backend(backend, torch.float32, shape, mask_name, "plain", masks=EDGE_MASKS,
+                  zero_grads="qk" if length == 1 else "", device=device)
+
+
+# Lq > Lk under default positions (issue 21 item 11): bottom-right alignment as flash-attn and PyTorch's
+# causal_lower_right; the first Lq - Lk queries sit before every key and their rows are 0 with finite gradients.
+# Shapes after flash-attn's grid, scaled down: 512x256, 1024x1023, 239x1.
+MORE_QUERIES = {"q2x": (1, 4, 2, 96, 48, 16), "q+1": (2, 2, 1, 130, 129, 8), "q239x1": (2, 4, 2, 239, 1, 8)}
+MORE_QUERY_MASKS = {
+    "none": MASKS["none"],
+    "causal": MASKS["causal"],
+    "window5": MASKS["window5"],
+    "two_sided": lambda B, Lq, Lk, g: M.sliding_window(3, 2),
+    "strided_causal": MASKS["strided_causal"],
+    "global_window": MASKS["global_window"],
+}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape_id", list(MORE_QUERIES))
+@pytest.mark.parametrize("mask_name", list(MORE_QUERY_MASKS))
+@pytest.mark.parametrize("extra_name", ["plain", "alibi", "softcap"])
+def test_more_queries_than_keys(device, backend, shape_id, mask_name, extra_name):
+    check_backend(backend, torch.float32, MORE_QUERIES[shape_id], mask_name, extra_name, masks=MORE_QUERY_MASKS,
+                  zero_grads="qk" if shape_id == "q239x1" else "", device=device)
+
+
+@pytest.mark.parametrize("backend", GRID_BACKENDS["cpu"])
+@pytest.mark.parametrize("mask", [M.causal(), M.sliding_window(4), M.causal() & M.strided(2)], ids=repr)
+def test_queries_before_every_key_give_zero_rows_and_zero_grads(backend, mask):
+    """The first Lq - Lk rows see no key: output exactly 0, and they pass no gradient to q, k or v."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 2, n, 8, generator=g).requires_grad_() for n in (40, 16, 16))
+    out = ak.attention(q, k, v, mask, bias=ak.positions.ALiBi(2), backend=backend)
+    assert torch.equal(out[:, :, :24], torch.zeros_like(out[:, :, :24]))
+    assert torch.isfinite(out).all() and out[:, :, 24:].abs().sum() > 0
+    out[:, :, :24].sum().backward()  # only the empty rows: every gradient is 0
+    for t in (q, k, v):
+        assert torch.equal(t.grad, torch.zeros_like(t.grad)), f"{backend}: an empty row passed a gradient"
 
 
 def _grid_cases():

@@ -29,8 +29,10 @@ def _no_flex_opt_in():
     (None, {}, 2048, None, "sdpa"),
     (M.causal(), {}, 4096, None, "sdpa"),  # is_causal flag: one fused kernel
     (M.causal(), {"bias": "alibi"}, 4096, None, "blocksparse"),  # structured bias on long sequences
-    (M.causal(), {"bias": "alibi"}, 2048, None, "blocksparse"),  # the tiled kernel wins from 2048 keys
-    (M.causal(), {"bias": "alibi"}, 1024, None, "sdpa"),
+    (M.causal(), {"bias": "alibi"}, 2048, None, "blocksparse"),
+    (M.causal(), {"bias": "alibi"}, 256, None, "blocksparse"),  # SDPA pieces on an offset table from 256 keys
+    (M.causal(), {"bias": "alibi"}, 128, None, "sdpa"),  # shorter: the dense bias costs little
+    (M.causal() & M.padding([200]), {"bias": "alibi"}, 1024, None, "sdpa"),  # not offset-only: per-piece path
     (M.sliding_window(256), {}, 4096, None, "blocksparse"),
     (M.sliding_window(256), {}, 2048, None, "sdpa"),  # short: a dense mask costs little
     (M.sliding_window(256), {}, 4096, 1, "sdpa"),  # a decode step: one query row

@@ -96,7 +96,7 @@ def test_reset_starts_a_new_sequence():
         (((torch.randn(2, 2, 1, 4), torch.randn(2, 2, 2, 4)), pos(0, 1)), AttnkitValueError, "must have the same shape"),
         (((torch.randn(2, 2, 1, 4), [1.0]), pos(0, 1)), AttnkitTypeError, "v must be a torch.Tensor"),
         ((kv(n=0), pos(0, 0)), AttnkitValueError, "Lnew=0"),
-        ((kv(), torch.tensor([[0.0]])), AttnkitTypeError, "positions must be an int64 tensor"),
+        ((kv(), torch.tensor([[0.0]])), AttnkitTypeError, "positions must be an integer tensor of absolute positions"),
         ((kv(), torch.tensor([0])), AttnkitValueError, r"positions must have shape \(1, 1\) or \(2, 1\)"),
         ((kv(n=3), torch.tensor([[0, 1, 3]])), AttnkitValueError, "positions must be consecutive within an update"),
         (((torch.randn(2, 2, 1, 4, device="meta"),) * 2, pos(0, 1)), AttnkitValueError,

@@ -38,8 +38,11 @@ def test_doctor_passes_hugging_face_models(name):
     expected |= {"hf-gpt2-tiny": {"attention-dropout"}, "hf-llama-tiny": {"extrapolation"},
                  "hf-bert-tiny": {"attention-dropout"}}[name]
     assert {r.name for r in report.results if r.status == "PASS"} == expected, str(report)
-    warned = {"hf-gpt2-tiny": {"extrapolation"}, "hf-llama-tiny": {"attention-dropout"}, "hf-bert-tiny": set()}[name]
+    warned = {"hf-gpt2-tiny": {"extrapolation"}, "hf-llama-tiny": set(), "hf-bert-tiny": set()}[name]
     assert {r.name for r in report.results if r.status == "WARN"} == warned, str(report)
+    # dropout 0 is INFO: the pitfalls lab found the claim behind a warning does not hold at this scale
+    info = {"hf-gpt2-tiny": set(), "hf-llama-tiny": {"attention-dropout"}, "hf-bert-tiny": set()}[name]
+    assert {r.name for r in report.results if r.status == "INFO"} == info, str(report)
 
 
 def test_hugging_face_missing_scale_is_named(monkeypatch):

@@ -168,12 +168,12 @@ def test_greedy_generate_matches_sdpa(family):
     assert torch.equal(got, want), f"{family}: greedy tokens differ at {(got != want).nonzero()[:5].tolist()}"
 
 
-@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2"])
+@pytest.mark.parametrize("family", ["llama", "mistral", "qwen2", "gpt2", "gemma2"])
 def test_greedy_generate_with_a_static_cache_matches_sdpa(family):
     """The regression: generate builds the mask once per step through the mask interface and hands it back as
     attention_mask; the interface took it for a 2-D padding mask and crashed."""
     ids, am = _batch("left", batch=2, length=7)
-    ref_model = build(family, "sdpa")
+    ref_model = build(family, baseline(family))
     model = build(family, "attnkit")
     model.load_state_dict(ref_model.state_dict())
     kw = {"max_new_tokens": 12, "do_sample": False, "pad_token_id": 0, "eos_token_id": None,
@@ -309,3 +309,56 @@ def test_training_gradients_match_sdpa_with_a_window_and_dropout_off():
     for (name, a), (_, b) in zip(ref.named_parameters(), model.named_parameters()):
         err = (a.grad - b.grad).abs().max().item()
         assert err <= TOL, f"grad of {name}: attnkit vs sdpa {err:.3g}"
+
+
+def test_two_sided_window_is_a_window_not_a_probed_mask():
+    """transformers' bidirectional sliding window |q - kv| <= w is attnkit's sliding_window(w, w): a structured
+    window (block skipping, no per-element probing), equal to transformers' own dense mask."""
+    from transformers.masking_utils import sdpa_mask, sliding_window_bidirectional_mask_function
+
+    from attnkit.integrations.hf.masks import mask_interface
+
+    fn = sliding_window_bidirectional_mask_function(2)
+    got = mask_interface(1, 9, 9, mask_function=fn)
+    assert _kinds(got.spec) == {"TwoSidedWindow"}, got.spec
+    want = sdpa_mask(batch_size=1, q_length=9, kv_length=9, mask_function=fn, allow_is_causal_skip=False)
+    assert torch.equal(got.spec.to_dense(9)[0, 0], want[0, 0])
+
+
+def test_config_output_attentions_returns_weights_after_switching():
+    """A model whose config asks for attentions, switched to attnkit, returns attnkit's weights (it returned
+    an empty tuple, silently)."""
+    ref = build("llama", "eager")
+    ref.config.output_attentions = True
+    model = copy.deepcopy(ref)
+    model.set_attn_implementation("attnkit")
+    ids = torch.randint(3, VOCAB, (2, 6))
+    with torch.no_grad():
+        want, got = ref(input_ids=ids).attentions, model(input_ids=ids).attentions
+    assert len(got) == len(want) == 2 and all(g is not None for g in got), got
+    assert max((g - w).abs().max().item() for g, w in zip(got, want)) <= TOL
+
+
+@pytest.mark.parametrize("q_offset", [torch.tensor(8), torch.tensor(10)])
+def test_static_cache_decode_steps_keep_one_mask_structure(q_offset):
+    """A static cache passes its offset as a 0-d tensor: every decode step gets explicit positions (the step
+    where the cache fills got none, and a compiled forward compiled again there)."""
+    from attnkit.integrations.hf.masks import mask_interface
+
+    got = mask_interface(2, 1, 11, q_offset=q_offset)
+    assert isinstance(got.spec, masks.Causal)
+    assert got.q_positions.tolist() == [[int(q_offset)]] and got.kv_positions.tolist() == [list(range(11))]
+
+
+def test_dynamic_cache_decode_step_needs_no_mask():
+    from attnkit.integrations.hf.masks import mask_interface
+
+    got = mask_interface(2, 1, 11, q_offset=10)
+    assert got.spec is None and got.q_positions is None and got.kv_positions is None
+
+
+@pytest.mark.parametrize("family", ["llama", "mistral"])
+def test_layers_share_one_prepared_mask_per_forward(family):
+    ids, am = _batch("left", batch=2)
+    calls = _compare(family, ids, am)
+    assert len(calls) == 2 and calls[0].prepared is calls[1].prepared, "each layer prepared the mask again"

@@ -13,7 +13,7 @@ def test_bench_hf_records_both_sections(tmp_path):
     from attnkit.cli.main import main
 
     code = main(["bench", "hf", "--seq-len", "64", "--window", "8", "--dim", "32", "--heads", "4", "--kv-heads", "2",
-                 "--repeats", "1", "--no-eager", "--sentences", "8", "--out", str(tmp_path)])
+                 "--repeats", "1", "--no-eager", "--sentences", "8", "--parts", "training,minilm", "--out", str(tmp_path)])
     assert code == 0
     record = json.loads((tmp_path / "hf.json").read_text())
     window = record["sliding_window_training"]
@@ -35,7 +35,40 @@ def test_bench_hf_refuses_contenders_that_do_not_run_their_implementation(tmp_pa
 
     monkeypatch.setattr(tf.PreTrainedModel, "set_attn_implementation", lambda self, impl: None)
     code = main(["bench", "hf", "--seq-len", "32", "--window", "8", "--dim", "32", "--heads", "4", "--kv-heads", "2",
-                 "--repeats", "1", "--no-eager", "--skip-minilm", "--out", str(tmp_path)])
+                 "--repeats", "1", "--no-eager", "--skip-minilm", "--parts", "training", "--out", str(tmp_path)])
     assert code == 2 and not (tmp_path / "hf.json").exists()
     assert ("contenders do not run the implementations they are named for: attnkit calls per step "
             "{'attnkit': 0, 'sdpa': 0} (want 2 for 'attnkit', 0 for the others)") in capsys.readouterr().err
+
+
+GENERATE = ["bench", "hf", "--parts", "generate", "--gen-layers", "2", "--gen-dim", "32", "--heads", "4", "--kv-heads",
+            "2", "--gen-prompt", "5", "--gen-new-tokens", "6", "--repeats", "1", "--no-compile"]
+
+
+def test_bench_hf_generate_records_tokens_per_s_and_same_tokens(tmp_path):
+    from attnkit.cli.main import main
+
+    assert main([*GENERATE, "--out", str(tmp_path)]) == 0
+    assert not (tmp_path / "hf.json").exists()
+    gen = json.loads((tmp_path / "hf_generate.json").read_text())["generate"]
+    assert set(gen["contenders"]) == {"attnkit_dynamic", "sdpa_dynamic", "eager_dynamic"}
+    assert gen["same_tokens"] and gen["attnkit_calls_per_generate"] == 2 * 6  # 2 layers x (prefill + 5 steps)
+    assert all(r["tokens_per_s"] > 0 for r in gen["contenders"].values())
+
+
+def test_bench_hf_generate_refuses_contenders_that_do_not_run_their_implementation(tmp_path, monkeypatch, capsys):
+    import transformers as tf
+
+    from attnkit.cli.main import main
+
+    monkeypatch.setattr(tf.PreTrainedModel, "set_attn_implementation", lambda self, impl: None)
+    assert main([*GENERATE, "--out", str(tmp_path)]) == 2
+    assert not (tmp_path / "hf_generate.json").exists()
+    assert "attnkit calls per generate {'attnkit': 0, 'sdpa': 0, 'eager': 0}" in capsys.readouterr().err
+
+
+def test_bench_hf_refuses_unknown_parts(tmp_path, capsys):
+    from attnkit.cli.main import main
+
+    assert main(["bench", "hf", "--parts", "training,speed", "--out", str(tmp_path)]) == 2
+    assert "--parts 'training,speed': choose from training, minilm, generate" in capsys.readouterr().err

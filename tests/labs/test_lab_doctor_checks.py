@@ -72,12 +72,13 @@ def test_extrapolation_skips_without_a_training_length():
     assert run(attn, "extrapolation").status == "SKIP"
 
 
-def test_attention_dropout_passes_with_dropout_and_warns_without():
+def test_attention_dropout_passes_with_dropout_and_is_info_without():
     good = run(nano(dropout=0.1), "attention-dropout", fresh=True)
     assert good.status == "PASS" and "attention dropout 0.1..0.1 in 2 settings" in good.evidence
-    bad = run(nano(), "attention-dropout", fresh=True)
-    assert bad.status == "WARN" and "attention dropout is 0 in 2 of 2 settings" in bad.evidence
-    assert LAB_EVIDENCE in bad.evidence
+    # the pitfalls lab rates "dropout narrows the gap" as not holding at this scale: a fact, not a warning
+    zero = run(nano(), "attention-dropout", fresh=True)
+    assert zero.status == "INFO" and "attention dropout is 0 in 2 of 2 settings" in zero.evidence
+    assert LAB_EVIDENCE in zero.evidence and "does not hold at this scale" in zero.evidence
 
 
 def test_attention_dropout_skips_models_not_meant_for_training():

@@ -152,6 +152,37 @@ def test_transformer_lm_left_padded_batch_generates_each_row_alone(kind, window,
     assert generate(lm, prompts, max_new_tokens=5, cache=kind) == wants
 
 
+@pytest.mark.parametrize("positions", ["rope", "learned"])
+def test_transformer_lm_compiled_decoding_equals_eager_without_recompiles(positions):
+    """generate(compile=True): the decode steps of a TransformerLM over a static cache run compiled, the graphs
+    reused by every step and by a second call (any recompile is an error); tokens equal eager."""
+    from attnkit.models.lm import LMConfig, TransformerLM
+
+    torch.manual_seed(0)
+    lm = TransformerLM(LMConfig(vocab_size=41, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, positions=positions,
+                                max_seq_len=32)).eval()
+    prompts = [[3, 1, 4, 1, 5], [9, 2, 6, 5, 3]]
+    want = generate(lm, prompts, max_new_tokens=7, cache="static")
+    torch.compiler.reset()
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        got = generate(lm, prompts, max_new_tokens=7, cache="static", compile=True)
+        again = generate(lm, [p[::-1] for p in prompts], max_new_tokens=7, cache="static", compile=True)
+    assert got == want
+    assert again == generate(lm, [p[::-1] for p in prompts], max_new_tokens=7, cache="static")
+
+
+@pytest.mark.parametrize(("kwargs", "error", "match"), [
+    ({"compile": "yes", "cache": "static"}, AttnkitTypeError, "compile must be True or False, got 'yes'"),
+    ({"compile": True}, AttnkitValueError, r"compile=True needs cache='static' .*got cache='dynamic'"),
+    ({"compile": True, "cache": "static", "prompts": PROMPTS}, NotImplementedError,
+     r"compile=True decodes prompts of one length only, got lengths \[2, 4\]"),
+])
+def test_compiled_generate_errors(model, kwargs, error, match):
+    prompts = kwargs.pop("prompts", [[1, 2, 3]])
+    with pytest.raises(error, match=match):
+        generate(model, prompts, max_new_tokens=2, **kwargs)
+
+
 def test_the_library_refuses_more_tokens_than_learned_positions_hold():
     """issue 20 item 3: only `attnkit generate` checked the length up front; the library did not."""
     from attnkit.models.builders import build_lm

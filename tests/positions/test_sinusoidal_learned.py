@@ -62,10 +62,11 @@ def test_sinusoidal_constructor_errors(kwargs, error, match):
 
 @pytest.mark.parametrize("module", [Sinusoidal(8), Learned(16, 8)], ids=["sinusoidal", "learned"])
 def test_positions_type_and_rank_errors(module):
-    with pytest.raises(AttnkitTypeError, match=r"positions must be an integer tensor, got tensor\(shape=\(4,\), "
-                                               r"dtype=torch.float32.*torch.arange\(L\)"):
+    with pytest.raises(AttnkitTypeError, match=r"positions must be an integer tensor of absolute positions, got "
+                                               r"tensor\(shape=\(4,\), dtype=torch.float32.*torch.arange\(L\)"):
         module(torch.arange(4.0))
-    with pytest.raises(AttnkitTypeError, match=r"positions must be an integer tensor, got \[0, 1\]"):
+    with pytest.raises(AttnkitTypeError, match=r"positions must be an integer tensor of absolute positions, got "
+                                               r"\[0, 1\]"):
         module([0, 1])
     with pytest.raises(AttnkitValueError, match=r"positions must have shape \(L,\) or \(B, L\), got tensor\(shape="
                                                 r"\(1, 2, 2\).*one position per token"):

@@ -32,7 +32,18 @@ class Rank:
 
 
 class Backend(Protocol):
-    """An attention implementation. ``supports`` returns ``[]`` when it can serve the call."""
+    """An attention implementation. ``supports`` returns ``[]`` when it can serve the call.
+
+    Optional declarations (read with ``getattr``; a backend without them still works):
+
+    - ``ranks_by_signature = True``: ``available``, ``supports`` and ``rank`` read nothing but
+      :meth:`AttentionCall.signature`, the call's prepared mask and ``state()``; when every registered backend says so,
+      ``auto`` memoises its choice on exactly those (``backends.registry``). Without it nothing is memoised.
+    - ``state() -> Hashable``: the environment settings ``rank`` reads (flex: whether CPU compiling is allowed).
+    - ``traceable = False``: the backend can't run inside ``torch.compile``; ``auto`` skips it while compiling
+      (a forced ``backend=`` name says why). Default: traceable.
+    - ``serves_sinks = True``: it adds attention sinks to its softmax (others are refused calls with ``sinks=``).
+    """
 
     name: str
 

@@ -27,6 +27,7 @@ import torch
 
 from attnkit.masks import MaskContext, MaskSpec, Strided
 from attnkit.masks.blocks import BlockCover, BlockGrid, cover, evaluate_on
+from attnkit.masks.spec import BoundMask
 
 BLOCK = 64  # tile size (queries and keys)
 MIN_PIECE = 256  # queries per piece at least (when mergeable): SDPA's CPU kernel is inefficient on small pieces
@@ -98,9 +99,10 @@ def _residue_order(positions: torch.Tensor, stride: int) -> torch.Tensor:
 
 
 def make_plan(mask: MaskSpec | None, ctx: MaskContext, rows: torch.Tensor, *, allow_causal: bool = True,
-              block: int | None = None) -> Plan:
+              block: int | None = None, fn: BoundMask | None = None) -> Plan:
     """Plan the call's queries for batch rows ``rows`` with tiles of ``block`` (default :data:`BLOCK`).
-    ``allow_causal=False`` (a bias is present) never uses the kernel's causal flag."""
+    ``allow_causal=False`` (a bias is present) never uses the kernel's causal flag. ``fn``: the mask already
+    bound to ``ctx`` (a prepared mask's), bound here when not given."""
     Lq, Lk, dev = ctx.q_len, ctx.kv_len, ctx.device
     block = block or BLOCK
     q_perm = kv_perm = None
@@ -115,7 +117,9 @@ def make_plan(mask: MaskSpec | None, ctx: MaskContext, rows: torch.Tensor, *, al
         cov = BlockCover(full, full)
     else:
         cov = cover(mask, grid)
-    diag = _diagonal_is_tril(mask, grid, cov) if allow_causal and mask is not None and Lq == Lk else None
+    diag = None
+    if allow_causal and mask is not None and Lq == Lk:
+        diag = _diagonal_is_tril(fn or mask.bind(ctx), mask.heads, grid, cov)
     pieces = _pieces(cov, diag, Lq, Lk, block, max(block, MAX_PIECE))
     if all(p.mode == "empty" for p in pieces):  # nothing visible: one masked piece gives zeros with grads to q, k, v
         pieces = [Piece(0, Lq, ((0, Lk),), "mask")]
@@ -129,7 +133,7 @@ def _same_rows(ctx: MaskContext, rows: torch.Tensor) -> bool:
     return bool((qp == qp[:1]).all()) and bool((kvp == kvp[:1]).all())
 
 
-def _diagonal_is_tril(mask: MaskSpec, grid: BlockGrid, cov: BlockCover) -> list[bool]:
+def _diagonal_is_tril(fn: BoundMask, heads: int, grid: BlockGrid, cov: BlockCover) -> list[bool]:
     """For each diagonal tile (i, i): is the mask there exactly lower-triangular (for every row and head)?"""
     n, bq, L = grid.n_q, grid.q_block, grid.q_index.numel()
     out = [False] * n
@@ -142,8 +146,8 @@ def _diagonal_is_tril(mask: MaskSpec, grid: BlockGrid, cov: BlockCover) -> list[
             continue
         starts = torch.tensor(ids, device=grid.q_index.device)[:, None] * bq  # (T, 1)
         offs = torch.arange(size, device=grid.q_index.device)[None, :]  # (1, size)
-        allowed = evaluate_on(mask, grid.ctx, grid.rows, grid.q_index[starts + offs],
-                              grid.kv_index[starts + offs])  # (T, R|1, H|1, size|1, size|1)
+        allowed = evaluate_on(fn, grid.rows, grid.q_index[starts + offs], grid.kv_index[starts + offs],
+                              heads)  # (T, R|1, H|1, size|1, size|1)
         tril = torch.ones(size, size, dtype=torch.bool, device=allowed.device).tril()
         ok = (allowed == tril).flatten(1).all(dim=1)  # (T,)
         for i, good in zip(ids, ok.tolist()):

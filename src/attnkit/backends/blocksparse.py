@@ -27,11 +27,11 @@ from attnkit._bias import StructuredBias
 from attnkit._validation import AttentionCall
 from attnkit.backends.base import Rank, is_long, skippable_structure
 from attnkit.backends.block_plan import Piece, Plan, make_plan
-from attnkit.backends.relative import HeadGroup, describe, relative_groups
+from attnkit.backends.relative import BLOCK, HeadGroup, describe, relative_groups
 from attnkit.backends.tiled import tiled_attention
 from attnkit.backends.varlen import document_runs, run_documents
 from attnkit.functional.reference import expand_kv, propagate_nan_queries
-from attnkit.masks import MaskContext, MaskSpec
+from attnkit.masks import MaskContext, MaskSpec, PreparedMask
 from attnkit.masks.blocks import evaluate_on
 from attnkit.masks.dense import context_for
 
@@ -42,14 +42,23 @@ SPARSE_MIN_KEYS = 4096
 #: slower forward and 2.3x forward+backward at 2048 (its far-key exponentials turn subnormal)
 BIAS_MIN_KEYS = 2048
 SPARSE_MIN_QUERIES = 128
+#: from this many keys a relative bias (ALiBi) under an offset-only mask (none, causal, windows) with default
+#: positions runs as SDPA pieces against an offset table (inference): ALiBi causal forward at 0.41-0.85x
+#: SDPA's is_causal without the bias from 256 to 4096 keys, where SDPA with the dense bias gave 0.21-0.31x
+#: up to 1024 (2-core Xeon with AMX, CPU time)
+RELATIVE_MIN_KEYS = 256
 
 
 class BlockSparseBackend:
     name = "blocksparse"
+    ranks_by_signature = True  # supports/rank read the call's signature and prepared mask (its memo) only
+    traceable = False  # data-dependent plans (block covers, bool(...) checks) break torch.compile graphs
 
     def rank(self, call: AttentionCall) -> Rank:
         structure = skippable_structure(call)
         min_keys = BIAS_MIN_KEYS if isinstance(call.bias, StructuredBias) else SPARSE_MIN_KEYS
+        if _offset_pieces_on_sdpa(call):
+            min_keys = RELATIVE_MIN_KEYS
         if structure is None:
             return Rank(5, "nothing to skip: SDPA's own form is as good")
         runs = document_runs(call)
@@ -95,17 +104,63 @@ class BlockSparseBackend:
             out = _run_relative(call, groups)
         else:
             plans = make_plans(call, mask, ctx)
-            outs = [run_plan(call, plan, mask, ctx) for plan in plans]  # (R, H, Lq, Dv) each
+            outs = [run_plan(call, plan, ctx) for plan in plans]  # (R, H, Lq, Dv) each
             out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=0)  # (B, H, Lq, Dv)
         return propagate_nan_queries(out, call.q)  # SDPA's unmasked pieces give 0 for a NaN query
 
 
 def _run_relative(call: AttentionCall, groups: list[HeadGroup]) -> torch.Tensor:
-    """Each head group as one tiled call: ``(B, H, Lq, Dv)``."""
+    """Each head group's pieces on SDPA's fused kernel with their table slice as the float mask, or (softcap,
+    or half precision off the CPU) as one tiled call: ``(B, H, Lq, Dv)``."""
     k, v = (expand_kv(t, call.num_heads) for t in (call.k, call.v))  # (B, H, Lk, D|Dv)
-    outs = [tiled_attention(call.q[:, g.heads], k[:, g.heads], v[:, g.heads], g.pieces, g.terms, scale=call.scale,
-                            dropout_p=call.dropout_p, softcap=call.softcap) for g in groups]  # (B, h, Lq, Dv) each
-    return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)  # (B, H, Lq, Dv)
+    if not _relative_on_sdpa(call):
+        outs = [tiled_attention(call.q[:, g.heads], k[:, g.heads], v[:, g.heads], g.pieces, g.terms,
+                                scale=call.scale, dropout_p=call.dropout_p, softcap=call.softcap)
+                for g in groups]  # (B, h, Lq, Dv) each
+        return outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)  # (B, H, Lq, Dv)
+    outs = [torch.cat([_sdpa_piece(call, g, p, k, v) for p in g.pieces], dim=2) for g in groups]  # (B, h, Lq, Dv)
+    out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)  # (B, H, Lq, Dv)
+    empty = groups[0].table.empty_rows()  # (Lq,) queries that see no key
+    return out.masked_fill(empty.to(out.device)[:, None], 0.0) if bool(empty.any()) else out
+
+
+def _offset_pieces_on_sdpa(call: AttentionCall) -> bool:
+    """Whether the call takes the offset table's SDPA pieces, told without reading tensors: a relative bias,
+    an offset-only mask (or none) and default positions (:func:`relative_groups` confirms when it runs)."""
+    bias, prepared = call.bias, call.prepared
+    if not (isinstance(bias, StructuredBias) and bias.relative and _relative_on_sdpa(call)):
+        return False
+    if prepared is None:
+        return call.default_positions
+    return not prepared.is_tensor and prepared.default_positions and prepared.spec.offsets() is not None
+
+
+def _relative_on_sdpa(call: AttentionCall) -> bool:
+    """Offset-table pieces run on SDPA for prefill-sized calls (at least one piece of :data:`BLOCK` queries):
+    no softcap, float32 queries, or half precision on the CPU (its kernel takes a float32 mask with them).
+    The rest stays on the tiled kernel: float64 (SDPA's float64 path sums less exactly), a few query rows
+    (a single row's scores are more exact there, issue 21 item 12) and calls that need gradients (SDPA's
+    backward with a float mask took 2-3x the tiled kernel's on CPU: 0.32x vs 0.63x SDPA causal at N = 2048)."""
+    half = call.q.dtype in (torch.float16, torch.bfloat16)
+    dtype_ok = call.q.dtype == torch.float32 or (half and call.q.device.type == "cpu")
+    return call.softcap is None and dtype_ok and call.q_len >= BLOCK and not _trains(call)
+
+
+def _trains(call: AttentionCall) -> bool:
+    """Whether autograd will ask for gradients of q, k or v."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in (call.q, call.k, call.v))
+
+
+def _sdpa_piece(call: AttentionCall, group: HeadGroup, piece: Piece, k, v) -> torch.Tensor:
+    """One piece of queries of a head group against its key range: ``(B, h, lq, Dv)``, its bias and mask the
+    ``(1, h, lq, lk)`` table slice (SDPA adds it to the scores; no Lq x Lk tensor, no block above reach)."""
+    q = call.q[:, group.heads, piece.q_lo:piece.q_hi]  # (B, h, lq, D)
+    if piece.mode == "empty":
+        return q.new_zeros(*q.shape[:3], v.shape[-1])
+    (lo, hi), = piece.kv
+    terms = group.terms(piece, slice(None), slice(None))  # (1, h, lq, lk)
+    return F.scaled_dot_product_attention(q, k[:, group.heads, lo:hi], v[:, group.heads, lo:hi], attn_mask=terms,
+                                          dropout_p=call.dropout_p, scale=call.scale)  # (B, h, lq, Dv)
 
 
 def _mask_and_context(call: AttentionCall) -> tuple[MaskSpec | None, MaskContext]:
@@ -133,18 +188,20 @@ def _allow_causal(call: AttentionCall) -> bool:
 def _make_plans(call: AttentionCall, mask: MaskSpec | None, ctx: MaskContext) -> list[Plan]:
     allow_causal = _allow_causal(call)
     per_row = call.batch > 1 and ((mask is not None and mask.batch > 1) or not _rows_share_positions(call))
-    dev = call.q.device
+    dev, fn = call.q.device, None if call.prepared is None else call.prepared.fn  # bound once per prepared mask
     if not per_row:
-        return [make_plan(mask, ctx, torch.arange(call.batch, device=dev), allow_causal=allow_causal)]
-    return [make_plan(mask, ctx, torch.tensor([b], device=dev), allow_causal=allow_causal) for b in range(call.batch)]
+        return [make_plan(mask, ctx, torch.arange(call.batch, device=dev), allow_causal=allow_causal, fn=fn)]
+    return [make_plan(mask, ctx, torch.tensor([b], device=dev), allow_causal=allow_causal, fn=fn)
+            for b in range(call.batch)]
 
 
 def _rows_share_positions(call: AttentionCall) -> bool:
     return all(p is None or p.shape[0] == 1 for p in (call.q_positions, call.kv_positions))
 
 
-def run_plan(call: AttentionCall, plan: Plan, mask: MaskSpec | None, ctx: MaskContext) -> torch.Tensor:
-    """Execute a plan for its batch rows: ``(R, H, Lq, Dv)``."""
+def run_plan(call: AttentionCall, plan: Plan, ctx: MaskContext) -> torch.Tensor:
+    """Execute a plan for its batch rows: ``(R, H, Lq, Dv)``. Masked pieces evaluate the prepared mask's bound
+    function (``call.prepared.fn``) on their indices."""
     rows = plan.rows
     whole = rows.numel() == call.batch
     q, k, v = (t if whole else t[rows] for t in (call.q, call.k, call.v))  # (R, H|Hkv, L, D)
@@ -156,23 +213,23 @@ def run_plan(call: AttentionCall, plan: Plan, mask: MaskSpec | None, ctx: MaskCo
     if not _allow_causal(call):
         k, v = (expand_kv(t, call.num_heads) for t in (k, v))  # (R, H, Lk, D|Dv)
         out = tiled_attention(q, k, v, plan.pieces, lambda piece, rs, hs: _piece_terms(
-            call, piece, rows[rs], hs, mask, ctx, q_map, kv_map), scale=call.scale, dropout_p=call.dropout_p,
+            call, piece, rows[rs], hs, ctx, q_map, kv_map), scale=call.scale, dropout_p=call.dropout_p,
             softcap=call.softcap)
     else:
-        out = _run_sdpa(call, plan, mask, ctx, q, k, v, q_map, kv_map)  # (R, H, Lq, Dv) in plan order
+        out = _run_sdpa(call, plan, q, k, v, q_map, kv_map)  # (R, H, Lq, Dv) in plan order
     if plan.q_perm is not None:
         out = out[:, :, torch.argsort(plan.q_perm)]  # (R, H, Lq, Dv) in index order
     return out
 
 
-def _run_sdpa(call: AttentionCall, plan: Plan, mask, ctx, q, k, v, q_map, kv_map) -> torch.Tensor:
+def _run_sdpa(call: AttentionCall, plan: Plan, q, k, v, q_map, kv_map) -> torch.Tensor:
     """Equal-shaped pieces stacked into SDPA calls: ``(R, H, Lq, Dv)`` in plan order."""
     rows = plan.rows
     R, H, Dv = q.shape[0], q.shape[1], v.shape[-1]
     outputs: list[torch.Tensor | None] = [None] * len(plan.pieces)
     for (_lq, _lk, mode), ids in plan.groups().items():
         pieces = [plan.pieces[i] for i in ids]
-        out = _run_group(call, pieces, mode, q, k, v, mask, ctx, rows, q_map, kv_map)  # (T, R, H, lq, Dv)
+        out = _run_group(call, pieces, mode, q, k, v, rows, q_map, kv_map)  # (T, R, H, lq, Dv)
         for i, piece_out in zip(ids, out.unbind(0)):  # unbind: one backward op (per-piece indexing was O(T^2))
             outputs[i] = piece_out
     for i, p in enumerate(plan.pieces):
@@ -199,7 +256,7 @@ def _take(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return rows.movedim(2, 0).flatten(0, 1)  # (T, R, H, l, D) -> (T*R, H, l, D)
 
 
-def _run_group(call, pieces, mode, q, k, v, mask, ctx, rows, q_map, kv_map) -> torch.Tensor:
+def _run_group(call, pieces, mode, q, k, v, rows, q_map, kv_map) -> torch.Tensor:
     """Run equal-shaped pieces as one kernel call: ``(T, R, H, lq, Dv)``."""
     T, R, H = len(pieces), q.shape[0], q.shape[1]
     p0 = pieces[0]
@@ -211,7 +268,7 @@ def _run_group(call, pieces, mode, q, k, v, mask, ctx, rows, q_map, kv_map) -> t
         qs, ks, vs = _take(q, q_idx), _take(k, kv_idx), _take(v, kv_idx)  # (T*R, H|Hkv, l, D)
     attn_mask = empty = None
     if mode == "mask":
-        attn_mask, empty = _piece_mask(pieces, mask, ctx, rows, q_map, kv_map)
+        attn_mask, empty = _piece_mask(pieces, call.prepared, rows, q_map, kv_map)
         attn_mask = attn_mask.expand(T, R, *attn_mask.shape[2:]).flatten(0, 1)  # (T*R, H|1, lq, lk)
         empty = empty.expand(T, R, *empty.shape[2:]).flatten(0, 1)  # (T*R, H|1, lq, 1)
     out = F.scaled_dot_product_attention(
@@ -223,16 +280,17 @@ def _run_group(call, pieces, mode, q, k, v, mask, ctx, rows, q_map, kv_map) -> t
     return out.view(T, R, H, *out.shape[2:])  # (T, R, H, lq, Dv)
 
 
-def _piece_mask(pieces, mask, ctx, rows, q_map, kv_map):
+def _piece_mask(pieces, prepared: PreparedMask, rows, q_map, kv_map):
     """The bool kernel mask of stacked pieces ``(T, R|1, H|1, lq, lk)`` and their empty rows
-    ``(T, R|1, H|1, lq, 1)`` (which see every key; their output is zeroed afterwards)."""
+    ``(T, R|1, H|1, lq, 1)`` (which see every key; their output is zeroed afterwards), from the prepared
+    mask's bound function (bound once per call, not per piece group)."""
     q_idx, kv_idx = _index(pieces, rows.device)
-    allowed = evaluate_on(mask, ctx, rows, q_map[q_idx], kv_map[kv_idx], heads=mask.heads)
+    allowed = evaluate_on(prepared.fn, rows, q_map[q_idx], kv_map[kv_idx], prepared.heads)
     empty = ~allowed.any(dim=-1, keepdim=True)  # (T, R|1, H|1, lq, 1)
     return allowed | empty, empty
 
 
-def _piece_terms(call, piece, rows, heads, mask, ctx, q_map, kv_map) -> torch.Tensor:
+def _piece_terms(call, piece, rows, heads, ctx, q_map, kv_map) -> torch.Tensor:
     """The additive term of one piece for batch rows ``rows (r,)`` and heads ``heads`` (a slice): the bias
     (0 without one), ``-inf`` where the mask forbids; ``(r|1, h|1, lq, lk)`` float32 (float64 for float64
     inputs)."""
@@ -254,7 +312,8 @@ def _piece_terms(call, piece, rows, heads, mask, ctx, q_map, kv_map) -> torch.Te
         bias = full[:, :, q_idx[:, None], kv_idx[None, :]]  # (r|1, h|1, lq, lk)
     bias = bias.to(torch.float64 if call.q.dtype == torch.float64 else torch.float32)
     if piece.mode == "mask":
-        allowed = evaluate_on(mask, ctx, rows, q_idx[None], kv_idx[None], heads=mask.heads)[0]  # (r|1, H|1, lq, lk)
+        prepared = call.prepared
+        allowed = evaluate_on(prepared.fn, rows, q_idx[None], kv_idx[None], prepared.heads)[0]  # (r|1, H|1, lq, lk)
         allowed = allowed if allowed.shape[1] == 1 else allowed[:, heads]
         bias = bias.masked_fill(~allowed, float("-inf"))
     top = bias.amax(dim=-1, keepdim=True)  # (r|1, h|1, lq, 1): a row's constant offset, which softmax ignores

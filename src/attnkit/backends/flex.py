@@ -38,9 +38,13 @@ def allow_cpu_compile(enabled: bool = True) -> None:
 
 
 def cpu_compile_allowed() -> bool:
+    """:func:`allow_cpu_compile`'s setting, else ``ATTNKIT_FLEX_CPU=1`` (the environment is read once per process:
+    ``auto`` asks on every call)."""
     if _STATE["cpu_compile"] is not None:
         return _STATE["cpu_compile"]
-    return os.environ.get("ATTNKIT_FLEX_CPU", "") == "1"
+    if "env" not in _STATE:
+        _STATE["env"] = os.environ.get("ATTNKIT_FLEX_CPU", "") == "1"
+    return _STATE["env"]
 
 
 def _flex_module():
@@ -59,6 +63,12 @@ def _compiled():
 
 class FlexBackend:
     name = "flex"
+    ranks_by_signature = True  # supports/rank read the call's signature, prepared mask and state()
+    traceable = True
+
+    def state(self) -> bool:
+        """What rank reads besides the call: whether compiling on CPU is allowed."""
+        return cpu_compile_allowed()
 
     def available(self) -> list[str]:
         return [] if _flex_module() is not None else ["this torch has no torch.nn.attention.flex_attention"]

@@ -9,6 +9,8 @@ from attnkit.functional.reference import reference_from_call
 
 class MathBackend:
     name = "math"
+    ranks_by_signature = True  # supports/rank read the call's signature only
+    traceable = True
     serves_sinks = True  # the reference adds the sink column to the softmax
 
     def available(self) -> list[str]:

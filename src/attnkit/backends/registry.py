@@ -5,11 +5,21 @@
 the best; ties go to the backend registered first. The thresholds behind the scores live in the backends
 that use them (``blocksparse.SPARSE_MIN_KEYS``, ...). ``math`` serves every request, so there is always a
 choice. A backend registered with :func:`register` takes part at once: nothing else lists backends.
+
+``auto``'s choice is memoised when every registered backend declares ``ranks_by_signature = True`` (its
+``supports`` and ``rank`` read nothing of a call but :meth:`AttentionCall.signature`, its prepared mask and the
+backend's ``state()``): keyed on exactly those, globally for calls without a mask or with a pure causal one,
+in the prepared mask's memo otherwise (its data, e.g. document ids, then counts too). ``register`` and
+``unregister`` invalidate it. While ``torch.compile`` traces, nothing is memoised and backends that declare
+``traceable = False`` are skipped by ``auto``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Hashable
 from dataclasses import dataclass, field
+
+import torch
 
 from attnkit._validation import AttentionCall
 from attnkit.backends.base import Backend, Rank
@@ -21,6 +31,13 @@ from attnkit.errors import AttnkitTypeError, AttnkitValueError, BackendUnsupport
 
 _REGISTRY: dict[str, Backend] = {}
 _PROTOCOL = ("available", "supports", "rank", "plan", "__call__")
+#: auto's choices for calls without a mask or with a pure causal one: ``{key: backend}`` (see _choice_key)
+_CHOICES: dict[Hashable, Backend] = {}
+_CHOICES_MAX = 1024
+#: bumped by register/unregister: part of the keys kept in prepared masks' memos
+_VERSION = [0]
+#: ``(every backend ranks by signature, their state() methods)``, worked out again after register/unregister
+_STATES: list = [None]
 
 
 def register(backend: Backend) -> None:
@@ -32,6 +49,13 @@ def register(backend: Backend) -> None:
             f"register expects a backend with a str name (not 'auto') and methods {', '.join(_PROTOCOL)}, got "
             f"{describe(backend)} (name={name!r}, missing {missing}); see attnkit.backends.base.Backend.")
     _REGISTRY[name] = backend
+    _invalidate()
+
+
+def _invalidate() -> None:
+    _CHOICES.clear()
+    _VERSION[0] += 1
+    _STATES[0] = None
 
 
 def unregister(name: str) -> Backend:
@@ -39,7 +63,9 @@ def unregister(name: str) -> Backend:
     if name == "math":
         raise AttnkitValueError("backend 'math' can't be unregistered: it is the fallback that serves every call.")
     get(name)
-    return _REGISTRY.pop(name)
+    backend = _REGISTRY.pop(name)
+    _invalidate()
+    return backend
 
 
 for _backend in (SDPABackend(), BlockSparseBackend(), FlexBackend(), MathBackend()):
@@ -61,6 +87,8 @@ def reasons_against(backend: Backend, call: AttentionCall) -> list[str]:
     why = backend.available() or backend.supports(call)
     if call.sinks is not None and not getattr(backend, "serves_sinks", False):  # opt-in: a backend must say so
         why = [*why, "attention sinks (sinks=): this backend does not declare serves_sinks = True"]
+    if not getattr(backend, "traceable", True) and torch.compiler.is_compiling():
+        why = [*why, "does not trace under torch.compile (the backend declares traceable = False)"]
     return why
 
 
@@ -97,8 +125,17 @@ class Explanation:
 def select(call: AttentionCall, backend: str = "auto") -> Backend:
     """The backend that will serve ``call``: the best ranked capable one for 'auto', else the named one."""
     if backend == "auto":
-        best = ranking(call)
-        return _REGISTRY[best[0][0]] if best else _REGISTRY["math"]
+        key = _choice_key(call)
+        if key is None:
+            return _best(call)
+        if call.prepared is not None and not call.prepared.pure_causal:  # its data may count: its own memo
+            return call.prepared.memo(("auto", _VERSION[0], key), lambda: _best(call))
+        chosen = _CHOICES.get(key)
+        if chosen is None:
+            if len(_CHOICES) >= _CHOICES_MAX:
+                _CHOICES.clear()
+            chosen = _CHOICES[key] = _best(call)
+        return chosen
     chosen = get(backend)
     why = reasons_against(chosen, call)
     if why:
@@ -106,6 +143,26 @@ def select(call: AttentionCall, backend: str = "auto") -> Backend:
             f"backend {backend!r} can't serve this call: {'; '.join(why)}. Use backend='auto' (picks one that "
             "can), or change the request.", why)
     return chosen
+
+
+def _best(call: AttentionCall) -> Backend:
+    best = ranking(call)
+    return _REGISTRY[best[0][0]] if best else _REGISTRY["math"]
+
+
+def _choice_key(call: AttentionCall) -> Hashable | None:
+    """What auto's choice depends on: the call's signature, whether its mask is pure causal, every backend's
+    state; None (no memo) while compiling or when a registered backend does not rank by signature alone."""
+    states = _STATES[0]
+    if states is None:  # the registry changed: which backends rank by signature, and which have a state
+        backends = list(_REGISTRY.values())
+        memoisable = all(getattr(b, "ranks_by_signature", False) for b in backends)
+        states = _STATES[0] = (memoisable, tuple(b.state for b in backends if callable(getattr(b, "state", None))))
+    memoisable, state_fns = states
+    if not memoisable or torch.compiler.is_compiling():
+        return None
+    return (call.signature(), None if call.prepared is None else call.prepared.pure_causal,
+            tuple([state() for state in state_fns]))
 
 
 def explain_call(call: AttentionCall, backend: str = "auto") -> Explanation:

@@ -26,21 +26,36 @@ import torch
 from attnkit._bias import StructuredBias
 from attnkit._validation import AttentionCall
 from attnkit.backends.block_plan import Piece
-from attnkit.backends.tiled import CUTOFF, Terms
+from attnkit.backends.tiled import CUTOFF
 from attnkit.masks import MaskSpec
 
 BLOCK = 128  # queries per piece (measured best of 32..256 for the tiled kernel at N = 4096)
+#: reaches are rounded up to a multiple of this (layers share tables; a coarser step lets more weights below
+#: e^-87 reach the kernel, where float32 turns subnormal and x86 cores slow down ~100x per operation)
+REACH_STEP = 32
+#: a kernel call's fixed cost in score entries: heads join a group (computing keys beyond their reach, as -inf)
+#: when that costs less than calls of their own (measured on ALiBi causal at N = 512-4096: 65536 beat 8192 by
+#: 4-9% and one group for all heads by up to 27%)
+CALL_ENTRIES = 65536
+#: the largest offset table kept in a prepared mask's memo (H x BLOCK x ~(Lq + Lk) floats); larger ones are
+#: built per call (their cost is still O(Lq + Lk) per head, small beside the attention itself)
+TABLE_MEMO_BYTES = 64 << 20
 
 Interval = tuple[int | None, int | None]
 
 
 @dataclass
 class HeadGroup:
-    """Heads ``heads`` (a slice) run as one tiled call with these pieces and terms."""
+    """Heads ``heads`` (a slice) run as one call with these pieces; their terms are slices of ``table``."""
 
     heads: slice
     pieces: list[Piece]
-    terms: Terms
+    table: OffsetTable
+
+    def terms(self, piece: Piece, rows: slice, heads: slice) -> torch.Tensor:
+        """:data:`~attnkit.backends.tiled.Terms` of the group: ``(1, h, lq, lk)``, ``heads`` within the group."""
+        start, stop, _ = heads.indices(self.heads.stop - self.heads.start)
+        return self.table.terms(piece, slice(self.heads.start + start, self.heads.start + stop))
 
 
 def relative_groups(call: AttentionCall, mask: MaskSpec | None) -> list[HeadGroup] | None:
@@ -51,20 +66,44 @@ def relative_groups(call: AttentionCall, mask: MaskSpec | None) -> list[HeadGrou
     interval = (None, None) if mask is None else mask.offsets()
     if interval is None:
         return None
-    q_pos, kv_pos = call.positions()
-    q0, k0 = _consecutive_start(q_pos), _consecutive_start(kv_pos)
+    # the prepared mask fixes the positions: every layer of a forward reads the starts once found
+    q0, k0 = _starts(call) if call.prepared is None else call.prepared.memo("consecutive_starts", lambda: _starts(call))
     if q0 is None or k0 is None:
         return None
     base = k0 - q0  # d = base + j - i for query index i and key index j
     per_head = _head_intervals(call, interval, base)  # one interval per head
-    groups, h0 = [], 0
-    for h in range(1, call.num_heads + 1):
-        if h == call.num_heads or per_head[h] != per_head[h0]:
-            heads = slice(h0, h)
-            pieces = _pieces(per_head[h0], base, call.q_len, call.kv_len)
-            groups.append(HeadGroup(heads, pieces, OffsetTable(call, interval, per_head[h0], base, heads).terms))
-            h0 = h
-    return groups
+    table = OffsetTable(call, interval, per_head, base)  # every group reads its heads' slices of one table
+    layout = _layout(call, base, per_head) if call.prepared is None else call.prepared.memo(
+        ("relative_layout", base, tuple(per_head)), lambda: _layout(call, base, per_head))  # the prepared mask fixes Lq, Lk
+    return [HeadGroup(heads, pieces, table) for heads, pieces in layout]
+
+
+def _layout(call: AttentionCall, base: int, per_head: list[Interval]) -> list[tuple[slice, list[Piece]]]:
+    """Heads grouped (consecutive) with the pieces each group runs: a head joins the group before it when
+    computing the group's wider key ranges costs no more than calls of its own."""
+    groups: list[tuple[int, int, Interval]] = []  # (first head, end head, the interval their pieces cover)
+    for h, iv in enumerate(per_head):
+        if groups:
+            h0, _, wide = groups[-1]
+            merged = _cost(call, base, h + 1 - h0, _union(wide, iv))
+            if merged <= _cost(call, base, h - h0, wide) + _cost(call, base, 1, iv):  # joining costs no more
+                groups[-1] = (h0, h + 1, _union(wide, iv))
+                continue
+        groups.append((h, h + 1, iv))
+    return [(slice(h0, h1), _pieces(iv, base, call.q_len, call.kv_len)) for h0, h1, iv in groups]
+
+
+def _union(a: Interval, b: Interval) -> Interval:
+    """The smallest interval holding both (None: unbounded on that side)."""
+    lo = None if a[0] is None or b[0] is None else min(a[0], b[0])
+    hi = None if a[1] is None or b[1] is None else max(a[1], b[1])
+    return lo, hi
+
+
+def _cost(call: AttentionCall, base: int, heads: int, interval: Interval) -> int:
+    """Score entries ``heads`` heads compute on the pieces of ``interval``, plus a call's fixed cost per piece."""
+    pieces = _pieces(interval, base, call.q_len, call.kv_len)
+    return heads * sum(p.lq * p.lk for p in pieces) + CALL_ENTRIES * len(pieces)
 
 
 def describe(groups: list[HeadGroup], call: AttentionCall) -> str:
@@ -93,10 +132,12 @@ def _head_intervals(call: AttentionCall, interval: Interval, base: int) -> list[
         return [interval] * call.num_heads
     out = []
     for r in reach.tolist():
-        if not math.isfinite(r):
+        if not math.isfinite(r) or r >= call.q_len + call.kv_len:  # reaches every key: the heads group together
             out.append(interval)
             continue
-        r = math.ceil(r)  # beyond r keys the weight is exactly 0 after the cutoff
+        # beyond r keys the weight is exactly 0 after the cutoff; rounded up to a multiple of REACH_STEP so that
+        # layers whose norms differ a little share the offset table (a wider reach only computes more, exactly)
+        r = REACH_STEP * math.ceil(r / REACH_STEP)
         out.append((-r if d_lo is None else max(d_lo, -r), r if d_hi is None else min(d_hi, r)))
     return out
 
@@ -113,14 +154,18 @@ def _pieces(interval: Interval, base: int, Lq: int, Lk: int) -> list[Piece]:
 
 
 class OffsetTable:
-    """The table of heads ``heads``: ``T (h, BLOCK, X)``, ``T[h, r, x] = bias(h, d)`` where the mask allows
-    offset ``d = x - r + d0`` (``interval``), else ``-inf``. Its columns cover the offsets ``reach`` (the heads'
-    pruned interval) lets the pieces read. Built on first use (``ak.explain`` plans without it).
+    """The table of all heads: ``T (H, BLOCK, X)``, ``T[h, r, x] = bias(h, d)`` where head h's interval
+    (``per_head``: the mask's, narrowed to the bias's reach) allows offset ``d = x - r + d0``, else ``-inf``
+    (so no weight falls into float32's slow subnormal range); each head's constant offset removed. Its columns cover
+    every offset the mask allows between the call's queries and keys (a group's pruned pieces read inside it).
+    Built on first use (``ak.explain`` plans without it), and kept in the prepared mask's memo when the bias
+    can say what it is (:meth:`~attnkit._bias.StructuredBias.memo_key`) and the table is at most
+    :data:`TABLE_MEMO_BYTES`: every layer of a forward reads the same table.
     """
 
-    def __init__(self, call: AttentionCall, interval: Interval, reach: Interval, base: int, heads: slice):
-        self.call, self.interval, self.base, self.heads = call, interval, base, heads
-        d_lo, d_hi = reach
+    def __init__(self, call: AttentionCall, interval: Interval, per_head: list[Interval], base: int):
+        self.call, self.interval, self.per_head, self.base = call, interval, per_head, base
+        d_lo, d_hi = interval
         first, last = base - (call.q_len - 1), base + call.kv_len - 1  # offsets of the corner entries
         # BLOCK spare columns on the left: a piece cut into runs of rows (tiled.split_rows) starts its later
         # runs up to BLOCK - 1 rows lower in the table, against the same first key
@@ -128,31 +173,53 @@ class OffsetTable:
         self.width = max(0, (last if d_hi is None else min(d_hi, last)) - self.d0 + 1) + BLOCK
         self._table: torch.Tensor | None = None
 
-    def terms(self, piece: Piece, rows: slice, heads: slice) -> torch.Tensor:
-        """The term of ``piece`` for ``heads`` (of this group; batch rows share it): ``(1, h, lq, lk)`` view."""
+    def terms(self, piece: Piece, heads: slice) -> torch.Tensor:
+        """The term of ``piece`` for ``heads`` (batch rows share it): a ``(1, h, lq, lk)`` view."""
         x0 = self.base + piece.kv[0][0] - piece.q_lo - self.d0
         assert x0 >= 0 and x0 + piece.lk <= self.width, "piece outside the offset table"
         return self.table[None, heads, :piece.lq, x0:x0 + piece.lk]
 
+    def empty_rows(self) -> torch.Tensor:
+        """``(Lq,)`` bool on the CPU: the queries the mask lets see no key (their output is 0)."""
+        d_lo, d_hi = self.interval
+        i = torch.arange(self.call.q_len)  # (Lq,) key j = i - base + d sits at offset d
+        lo = torch.zeros_like(i) if d_lo is None else (i - self.base + d_lo).clamp(min=0)  # lowest visible key
+        hi = torch.full_like(i, self.call.kv_len - 1) if d_hi is None else (i - self.base + d_hi).clamp(
+            max=self.call.kv_len - 1)  # highest
+        return lo > hi
+
     @property
     def table(self) -> torch.Tensor:
         if self._table is None:
-            call, dev = self.call, self.call.q.device
+            call = self.call
             dtype = torch.float64 if call.q.dtype == torch.float64 else torch.float32
-            rows = torch.arange(min(BLOCK, call.q_len), device=dev)
-            d = torch.arange(self.width, device=dev)[None, :] - rows[:, None] + self.d0  # (BLOCK, X)
-            h = torch.arange(self.heads.start, self.heads.stop, device=dev)[:, None, None]  # (h, 1, 1)
-            table = call.bias.score(h, torch.zeros((), dtype=torch.int64, device=dev), d[None])  # (h, BLOCK, X)
-            d_lo, d_hi = self.interval
-            allowed = torch.ones_like(d, dtype=torch.bool)
-            if d_lo is not None:
-                allowed &= d >= d_lo
-            if d_hi is not None:
-                allowed &= d <= d_hi
-            table = table.to(dtype)
-            table = table - table.amax(dim=(1, 2), keepdim=True)  # a head's constant offset can't eat the scores' precision
-            self._table = table.masked_fill(~allowed, float("-inf"))
+            key = call.bias.memo_key()
+            size = call.num_heads * min(BLOCK, call.q_len) * self.width * torch.finfo(dtype).bits // 8
+            if call.prepared is None or key is None or size > TABLE_MEMO_BYTES:
+                self._table = self._build(dtype)
+            else:  # the prepared mask fixes Lq, Lk, the positions and the device; the key fixes the bias
+                self._table = call.prepared.memo(("offset_table", tuple(self.per_head), self.base, dtype, key),
+                                                 lambda: self._build(dtype))
         return self._table
+
+    def _build(self, dtype: torch.dtype) -> torch.Tensor:
+        call, dev = self.call, self.call.q.device
+        rows = torch.arange(min(BLOCK, call.q_len), device=dev)
+        d = torch.arange(self.width, device=dev)[None, :] - rows[:, None] + self.d0  # (BLOCK, X)
+        h = torch.arange(call.num_heads, device=dev)[:, None, None]  # (H, 1, 1)
+        table = call.bias.score(h, torch.zeros((), dtype=torch.int64, device=dev), d[None])  # (H, BLOCK, X)
+        lo, hi = (torch.tensor([unbounded if b[i] is None else b[i] for b in self.per_head], device=dev)
+                  for i, unbounded in ((0, -math.inf), (1, math.inf)))  # (H,) each head's allowed offsets
+        allowed = (d[None] >= lo[:, None, None]) & (d[None] <= hi[:, None, None])  # (H, BLOCK, X)
+        table = table.to(dtype)
+        table = table - table.amax(dim=(1, 2), keepdim=True)  # a head's constant offset can't eat the scores' precision
+        return table.masked_fill(~allowed, float("-inf"))
+
+
+def _starts(call: AttentionCall) -> tuple[int | None, int | None]:
+    """The first query and key positions when both run consecutively (see :func:`_consecutive_start`)."""
+    q_pos, kv_pos = call.positions()
+    return _consecutive_start(q_pos), _consecutive_start(kv_pos)
 
 
 def _consecutive_start(pos: torch.Tensor) -> int | None:

@@ -13,6 +13,7 @@ Slow contenders are cut where they stop fitting in time or memory (``--naive-max
 Shape legend: B batch (1), H heads, Hkv key/value heads, N sequence length, D head dim.
 """
 
+
 from __future__ import annotations
 
 import argparse
@@ -26,6 +27,8 @@ import attnkit as ak
 from attnkit._progress import progress
 from attnkit.bench.common import RESULTS_DIR, matmul_peak_gflops, peak_memory_bytes, round_robin, write_results
 from attnkit.bench.plots import line_panels
+
+SUMMARY = "attention speed and memory for every mask kind vs SDPA, naive, nn.MultiheadAttention, flex"
 
 M = ak.masks
 CASES = ["causal", "noncausal", "padding", "window256", "documents", "strided", "alibi", "gqa"]
@@ -223,6 +226,11 @@ def plot(payload: dict, out_dir: Path, name: str = "attention") -> list[Path]:
             continue
         paths.append(line_panels(panels, out_dir / f"{name}_{suffix}.png", ylabel=label))
     return paths
+
+
+def replot(payload: dict, results: Path) -> list[Path]:
+    """``attnkit bench plots``: this suite's figures redrawn next to ``results``."""
+    return plot(payload, results.parent, results.stem)
 
 
 def markdown_table(payload: dict) -> str:

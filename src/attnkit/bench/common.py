@@ -88,7 +88,8 @@ def write_results(name: str, payload: dict, results_dir: Path | str = RESULTS_DI
     """Write ``{results_dir}/{name}.json`` with machine, versions and the command line added."""
     path = Path(results_dir) / f"{check_name(name)}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    record = {"benchmark": name, "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]) if sys.argv else "",
+    program = "attnkit" if Path(sys.argv[0]).name in ("__main__.py", "attnkit") else Path(sys.argv[0]).name
+    record = {"benchmark": name, "command": " ".join([program] + sys.argv[1:]) if sys.argv else "",
               "machine": machine_info(), "versions": versions(), **payload}
     path.write_text(json.dumps(record, indent=2))
     return path

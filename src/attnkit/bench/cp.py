@@ -21,6 +21,7 @@ bandwidth and throughput assumptions (docs/distributed.md).
 Shape legend: B batch, H heads, Hkv KV heads, L global length, D head dim, W world size.
 """
 
+
 from __future__ import annotations
 
 import argparse
@@ -31,6 +32,8 @@ import time
 from pathlib import Path
 
 import torch
+
+SUMMARY = "context parallelism on 1, 2, 4 processes: longest sequence at a memory budget, step time, bytes sent"
 
 RESULT_NAME = "cp"
 
@@ -246,6 +249,11 @@ def plot(payload: dict, path: Path) -> Path:
                                              "bytes sent / minimum": "ratio"},
                        xlabel="processes", log="none",
                        title=f"context parallel attention, {payload['config']['budget_mib']} MiB per process")
+
+
+def replot(payload: dict, results: Path) -> list[Path]:
+    """``attnkit bench plots``: this suite's figure redrawn next to ``results``."""
+    return [plot(payload, results.with_suffix(".png"))]
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

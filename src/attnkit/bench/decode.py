@@ -11,6 +11,7 @@ also the fraction of the FLOP bound (2 FLOPs per weight per token against ``F.li
 Shape legend: B batch, P prompt length, N new tokens, E width, V vocab.
 """
 
+
 from __future__ import annotations
 
 import argparse
@@ -25,6 +26,8 @@ from attnkit.bench.common import RESULTS_DIR, matmul_peak_gflops, round_robin, w
 from attnkit.models.builders import build_lm
 from attnkit.models.generation import generate, stream_generate
 from attnkit.models.lm import TransformerLM
+
+SUMMARY = "tokens/s of cached decoding vs Hugging Face transformers and no cache"
 
 
 def gpt2_decoder(vocab: int = 8192, dim: int = 512, layers: int = 4, heads: int = 8, max_positions: int = 1024,

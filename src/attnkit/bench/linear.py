@@ -5,6 +5,7 @@ Shape: B=1, H=8, D=64, causal, fp32. Softmax contenders: PyTorch SDPA (is_causal
 routes to the fastest capable backend). Linear: attnkit's chunked form (training) and recurrent step (decoding).
 """
 
+
 from __future__ import annotations
 
 import argparse
@@ -17,6 +18,8 @@ from attnkit._progress import progress
 from attnkit.bench.common import RESULTS_DIR, peak_memory_bytes, round_robin, write_results
 from attnkit.bench.plots import line_panels
 from attnkit.functional.linear import LinearState, linear_attention
+
+SUMMARY = "linear attention vs softmax attention: time, memory, crossover, decode cost"
 
 H, D = 8, 64
 
@@ -107,3 +110,9 @@ def plot(payload: dict, path: Path) -> None:
     line_panels(panels, path, ylabel={"time, fwd": "ms", "time, fwd+bwd": "ms", decode: "us per token per layer"},
                 xlabel={decode: "context length"} | {p: "N" for p in panels if p != decode}, ncols=3,
                 title=payload["shape"], dpi=110, panel_size=(5.0, 4.2))
+
+
+def replot(payload: dict, results: Path) -> list[Path]:
+    """``attnkit bench plots``: this suite's figure redrawn next to ``results``."""
+    plot(payload, results.with_suffix(".png"))
+    return [results.with_suffix(".png")]

@@ -10,12 +10,15 @@ Data shape: ``panels`` maps a panel title to ``{series name: [(x, y), ...]}``.
 ``attnkit bench plots benchmarks/results/*.json`` redraws the committed plots from recorded results (no re-run).
 """
 
+
 from __future__ import annotations
 
 import argparse
 import json
 import math
 from pathlib import Path
+
+SUMMARY = "redraw the plots of recorded results (benchmarks/results/*.json) without re-running"
 
 _COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
             "#17becf")
@@ -102,25 +105,18 @@ def _label(label: str | dict[str, str], panel: str) -> str:
 
 
 def replot(results: Path | str) -> list[Path]:
-    """Redraw the plots of one recorded results file next to it; returns the paths written."""
+    """Redraw the plots of one recorded results file next to it, through the ``replot`` of the suite that wrote
+    it (:func:`attnkit.bench.replotter`); returns the paths written."""
+    from attnkit.bench import replotter
+
     results = Path(results)
     payload = json.loads(results.read_text())
     suite = payload.get("benchmark", results.stem)
-    if suite.startswith("attention"):
-        from attnkit.bench import attention
-
-        return attention.plot(payload, results.parent, results.stem)
-    if suite == "linear":
-        from attnkit.bench import linear
-
-        linear.plot(payload, results.with_suffix(".png"))
-        return [results.with_suffix(".png")]
-    if suite == "cp":
-        from attnkit.bench import cp
-
-        return [cp.plot(payload, results.with_suffix(".png"))]
-    raise ValueError(f"replot: no plot for results file {str(results)!r} (benchmark {suite!r}); "
-                     "expected an attention* or linear results file")
+    redraw = replotter(suite)
+    if redraw is None:
+        raise ValueError(f"replot: no plot for results file {str(results)!r} (benchmark {suite!r}); expected the "
+                         "results of a suite that defines replot (attention*, linear, cp, dispatch)")
+    return redraw(payload, results)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -21,6 +21,7 @@ for the precision and checkpointing trade-offs.
 Shape legend: B batch rows, L sequence length, E dim, H heads, D head dim, V vocab.
 """
 
+
 from __future__ import annotations
 
 import argparse
@@ -35,6 +36,8 @@ from attnkit.models.lm import TransformerLM
 from attnkit.training.data import PackedDataset, load_documents
 from attnkit.training.precision import autocast, choose_precision
 from attnkit.training.steps import lm_loss, param_groups
+
+SUMMARY = "tokens/s of a training step vs a plain reference GPT"
 
 # ------------------------------------------------------------------------------------ the plain reference GPT
 

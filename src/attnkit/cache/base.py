@@ -26,7 +26,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from attnkit._checks import positive_int
+from attnkit._checks import position_ids, positive_int
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
 from attnkit.masks import MaskSpec
 
@@ -170,16 +170,8 @@ class CacheBase:
         n = k.shape[2]
         if n == 0:
             raise AttnkitValueError("update got Lnew=0 new tokens; call the cache with at least one token.")
-        if not isinstance(positions, torch.Tensor) or positions.dtype.is_floating_point or \
-                positions.dtype == torch.bool or positions.dtype.is_complex:
-            raise AttnkitTypeError(f"positions must be an int64 tensor (B|1, Lnew) of absolute positions, got "
-                                   f"{describe(positions)}; pass e.g. torch.arange(start, start + Lnew)[None].")
-        if positions.dim() != 2 or positions.shape[1] != n or positions.shape[0] not in (1, self.batch_size):
-            raise AttnkitValueError(f"positions must have shape (1, {n}) or ({self.batch_size}, {n}) for k "
-                                    f"{tuple(k.shape)}, got {describe(positions)}; give one position per new token.")
-        if positions.device != self.device:
-            raise AttnkitValueError(f"positions is on {positions.device} but the cache is on {self.device}; move it.")
-        positions = positions.long()
+        positions = position_ids(positions, length=n, batch=self.batch_size, device=self.device, owner="cache",
+                                 two_dims=True, note=f" for k {tuple(k.shape)}")  # (B|1, Lnew) int64
         if torch.compiler.is_compiling():
             return positions  # value checks need a host sync; eager calls check them
         if self._next is None:

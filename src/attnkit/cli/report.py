@@ -63,9 +63,12 @@ def run(args) -> int:
     loaded = time.perf_counter()
     doctor, doctor_s = False, 0.0
     if not args.no_doctor:
+        from attnkit.cli.doctor import progress_printer
         from attnkit.diagnostics.doctor import examine
 
-        doctor = examine(model, fresh=fresh, name=title).to_dict()
+        doctor = examine(model, fresh=fresh, name=title, loaded_from=args.target if source.loaded else None,
+                         text=ids if args.text else None, text_note=f"the report's text, {ids.shape[1]} tokens",
+                         progress=progress_printer()).to_dict()
         doctor_s = time.perf_counter() - loaded
     path = report(model, ids, labels=labels, out=out, doctor=doctor, fresh=fresh, metrics=metrics, title=title,
                   dense_max=args.dense_max, top_k=args.top_k,

@@ -10,8 +10,10 @@
 >>> report["scale"].status
 'FAIL'
 
-``print(report)`` shows one line per check (PASS / WARN / FAIL / SKIP, the name, one line of evidence and
-the fix for each failure); ``report.to_json()`` gives the same as JSON; ``report.ok`` is False on any FAIL.
+``print(report)`` shows one line per check (PASS / WARN / FAIL / INFO / SKIP, the name, one line of evidence
+and the fix for each failure); ``report.to_json()`` gives the same as JSON; ``report.ok`` is False on any FAIL.
+Each check runs on a short probe of its own (random inputs, a few tokens; float64 only where it compares
+outputs); ``attention-health`` runs on the user's text when one is given (``text=``), and says so.
 """
 
 from __future__ import annotations
@@ -19,12 +21,17 @@ from __future__ import annotations
 import json
 import textwrap
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 
-from attnkit.diagnostics.checks import FAIL, PASS, REGISTRY, SKIP, WARN, Options, Skip, names
+import torch
+
+from attnkit.diagnostics.checks import FAIL, INFO, PASS, REGISTRY, SKIP, WARN, Options, Skip, names
 from attnkit.diagnostics.subjects import TokenAdapter, make_subject
 from attnkit.errors import AttnkitValueError
+
+#: what the checks run on, unless a check's evidence says otherwise (attention-health on the user's text)
+PROBES = "seeded random probes (2 x 8 tokens or inputs; float64 where outputs are compared) unless a line says otherwise"
 
 
 @dataclass
@@ -63,11 +70,11 @@ class Report:
         raise KeyError(f"no check named {name!r} in this report; checks: {[r.name for r in self.results]}")
 
     def counts(self) -> dict[str, int]:
-        return {s: sum(r.status == s for r in self.results) for s in (PASS, WARN, FAIL, SKIP)}
+        return {s: sum(r.status == s for r in self.results) for s in (PASS, WARN, FAIL, INFO, SKIP)}
 
     def __str__(self) -> str:
         width = max(len(r.name) for r in self.results) if self.results else 10
-        lines = [f"attnkit doctor: {self.subject} ({self.kind})", ""]
+        lines = [f"attnkit doctor: {self.subject} ({self.kind})", f"inputs: {PROBES}", ""]
         for r in self.results:
             lines.append(f"{r.status:<5} {r.name:<{width}}  {r.evidence}")
             if r.status == FAIL and r.fix:
@@ -78,7 +85,7 @@ class Report:
         return "\n".join(lines)
 
     def to_dict(self) -> dict:
-        return {"subject": self.subject, "kind": self.kind, "ok": self.ok, "counts": self.counts(),
+        return {"subject": self.subject, "kind": self.kind, "inputs": PROBES, "ok": self.ok, "counts": self.counts(),
                 "checks": [_jsonable(asdict(r)) for r in self.results]}
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -99,7 +106,9 @@ def _jsonable(value):
 
 def examine(subject, *, checks: Sequence[str] | None = None, skip: Sequence[str] = (), embed_dim: int | None = None,
             adapter: TokenAdapter | None = None, fresh: bool | None = None, overfit: bool = False,
-            overfit_steps: int = 150, seed: int = 0, name: str | None = None) -> Report:
+            overfit_steps: int = 150, seed: int = 0, name: str | None = None, loaded_from: str | None = None,
+            text=None, text_note: str = "",
+            thresholds=None, progress: Callable[[str, CheckResult | None], None] | None = None) -> Report:
     """Run the doctor's checks on ``subject`` and return a :class:`Report`.
 
     Args:
@@ -112,16 +121,32 @@ def examine(subject, *, checks: Sequence[str] | None = None, skip: Sequence[str]
         embed_dim: the input width E of a module, when it can't be read from the module.
         adapter: a :class:`TokenAdapter` telling the doctor how to call any other token model.
         fresh: True for a freshly initialised model (uniform attention is expected, the first loss must be
-            ~log(vocab)), False for a trained one (the initialisation check is skipped), None if unknown.
+            ~log(vocab)), False for loaded weights (the initialisation checks SKIP), None if unknown: a Hugging
+            Face model loaded with ``from_pretrained`` counts as loaded.
         overfit: also train a copy on 10 samples (slower), for at most ``overfit_steps`` Adam steps.
         seed: seed of every random input.
+        loaded_from: where the weights were loaded from (a run, a checkpoint, a Hugging Face folder): implies
+            ``fresh=False``, and the initialisation checks SKIP naming it.
+        text: the user's token ids ``(L,)`` or ``(1, L)`` (the report's text): ``attention-health`` measures
+            them (exactly as the report's metrics table does) instead of random tokens; ``text_note`` names them.
+        thresholds: the :class:`~attnkit.diagnostics.metrics.HealthThresholds` of ``attention-health``.
+        progress: called as ``progress(name, None)`` before each check and ``progress(name, result)`` after it.
     """
     unknown = [c for c in list(checks or []) + list(skip) if c not in REGISTRY]
     if unknown:
         raise AttnkitValueError(f"unknown check names {unknown}; choose from {names()}.")
     wrapped = make_subject(subject, embed_dim=embed_dim, adapter=adapter, name=name)
-    options = Options(seed=seed, fresh=fresh, overfit=overfit, overfit_steps=overfit_steps)
+    because = "the subject is trained or loaded, not fresh (fresh=False)"
+    if loaded_from is not None:
+        fresh, because = False, f"the weights were loaded from {loaded_from}"
+    elif fresh is None and wrapped.loaded:
+        fresh, because = False, "the weights were loaded (from_pretrained)"
+    if text is not None:
+        text = torch.as_tensor(text).reshape(1, -1)  # (1, L)
+    options = Options(seed=seed, fresh=fresh, not_fresh_because=because, overfit=overfit, overfit_steps=overfit_steps,
+                      text=text, text_note=text_note, thresholds=thresholds)
     results = []
+    notify = progress or (lambda check_name, result: None)
     for check_name in names():  # every registered check, in its declared order
         chk = REGISTRY[check_name]
         if checks is not None and check_name not in checks:
@@ -129,7 +154,9 @@ def examine(subject, *, checks: Sequence[str] | None = None, skip: Sequence[str]
         start = time.perf_counter()
         if check_name in skip:
             results.append(CheckResult(check_name, SKIP, "skipped on request"))
+            notify(check_name, results[-1])
             continue
+        notify(check_name, None)
         try:
             outcome = chk.run(wrapped, options)
             status, evidence, details = outcome.status, outcome.evidence, outcome.details
@@ -139,7 +166,8 @@ def examine(subject, *, checks: Sequence[str] | None = None, skip: Sequence[str]
             status, evidence, details = FAIL, f"raised {type(exc).__name__}: {str(exc).splitlines()[0][:160]}", {}
         results.append(CheckResult(check_name, status, evidence, chk.fix if status == FAIL else "",
                                    round(time.perf_counter() - start, 3), details))
+        notify(check_name, results[-1])
     return Report(wrapped.name, wrapped.kind, results)
 
 
-__all__ = ["examine", "Report", "CheckResult", "PASS", "WARN", "FAIL", "SKIP"]
+__all__ = ["examine", "Report", "CheckResult", "PASS", "WARN", "FAIL", "INFO", "SKIP"]

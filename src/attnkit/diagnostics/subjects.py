@@ -28,7 +28,6 @@ import torch
 from torch import nn
 
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
-from attnkit.integrations.hf.folders import HF_ENCODER_TYPES  # noqa: F401  (re-exported: the report reads it here)
 
 
 @dataclass
@@ -51,6 +50,16 @@ class TokenAdapter:
     outputs_logits: bool = True
     #: whether the model works out positions by itself when decoding with a cache (Hugging Face does)
     infers_cache_positions: bool = False
+    #: the same call returning the hidden states ``(B, L, E)`` the (position-wise) output head reads, or None.
+    #: Checks that compare positions (leaks, the cache) use it and skip the V-wide head.
+    hidden: Callable | None = None
+    #: the output head on hidden states ``(B, n, E) -> (B, n, V)`` (applied to a few positions), or None
+    head: Callable | None = None
+
+    def per_position(self, tokens, **kw) -> torch.Tensor:
+        """Outputs ``(B, L, E|V)`` for comparisons between positions: the hidden states when the adapter has them
+        (the head maps each position on its own, so a change in the logits is a change in the hidden states)."""
+        return (self.hidden or self.forward)(tokens, **kw)
 
 
 @dataclass
@@ -67,6 +76,8 @@ class Subject:
     lm: TokenAdapter | None = None
     module: nn.Module | None = None
     rebuild: Callable[[nn.Module], Subject] | None = None  # same subject around another copy of the module
+    #: True when the weights were loaded (a run, a checkpoint, a pretrained Hugging Face folder): not fresh
+    loaded: bool = False
     notes: dict = field(default_factory=dict)
     _casts: dict = field(default_factory=dict, repr=False)
 
@@ -75,12 +86,32 @@ class Subject:
         return self.module is not None and bool(attnkit_attention_modules(self.module))
 
     def cast(self, dtype: torch.dtype) -> Subject:
-        """The subject around an eval-mode copy of its module in ``dtype`` (cached); fn-only subjects as is."""
+        """The subject around an eval-mode copy of its module in ``dtype`` (cached); fn-only subjects as is.
+        A module already in eval mode with every floating tensor in ``dtype`` is used as it is (no copy: checks
+        leave it as they found it)."""
         if self.module is None or self.rebuild is None:
             return self
         if dtype not in self._casts:
-            self._casts[dtype] = self.rebuild(copy.deepcopy(self.module).to(dtype).eval())
+            tensors = [*self.module.parameters(), *self.module.buffers()]
+            if not self.module.training and all(t.dtype == dtype for t in tensors if t.is_floating_point()):
+                self._casts[dtype] = self
+            else:
+                self._casts[dtype] = self.rebuild(cast_copy(self.module, dtype).eval())
         return self._casts[dtype]
+
+
+def cast_copy(module: nn.Module, dtype: torch.dtype) -> nn.Module:
+    """A deep copy of ``module`` with its floating parameters and buffers in ``dtype``, converted once (a plain
+    ``deepcopy(module).to(dtype)`` clones every tensor first); tied weights stay tied."""
+    memo: dict = {}
+    for p in module.parameters():
+        if id(p) not in memo:
+            value = p.detach().to(dtype, copy=True) if p.is_floating_point() else p.detach().clone()
+            memo[id(p)] = nn.Parameter(value, requires_grad=p.requires_grad)
+    for b in module.buffers():
+        if id(b) not in memo:
+            memo[id(b)] = b.to(dtype, copy=True) if b.is_floating_point() else b.clone()
+    return copy.deepcopy(module, memo).to(dtype)  # tensors already converted: .to only updates what the class tracks
 
 
 def attnkit_attention_modules(module: nn.Module) -> list[tuple[str, nn.Module]]:
@@ -150,7 +181,7 @@ def module_subject(module: nn.Module, embed_dim: int | None = None, name: str | 
                    rebuild=lambda m: module_subject(m, embed_dim, name))
 
 
-def decoder_subject(model: nn.Module, name: str | None = None) -> Subject:
+def decoder_subject(model: nn.Module, name: str | None = None, loaded: bool = False) -> Subject:
     """An attnkit-protocol model: ``model(tokens, *, positions, cache, key_is_real[, doc_ids])``."""
     params = inspect.signature(model.forward).parameters
     config = getattr(model, "config", None)
@@ -164,21 +195,39 @@ def decoder_subject(model: nn.Module, name: str | None = None) -> Subject:
         return model(tokens, **{k: v for k, v in kw.items() if v is not None})
 
     new_cache = getattr(model, "new_cache", None) if causal else None
-    adapter = TokenAdapter(forward, vocab, causal=causal, new_cache=new_cache, supports_doc_ids="doc_ids" in params)
+    hidden = head = None
+    if _library_forward(model):  # logits = head(encode(...)), position by position
+
+        def hidden(tokens, **kw):
+            return model.encode(tokens, **{k: v for k, v in kw.items() if v is not None})
+
+        head = model.head
+    adapter = TokenAdapter(forward, vocab, causal=causal, new_cache=new_cache, supports_doc_ids="doc_ids" in params,
+                           hidden=hidden, head=head)
     fn, note = _attnkit_fn(model)
     return Subject(name or type(model).__name__, "attnkit-model", fn=fn, fn_note=note, lm=adapter, module=model,
-                   rebuild=lambda m: decoder_subject(m, name))
+                   rebuild=lambda m: decoder_subject(m, name), loaded=loaded)
+
+
+def _library_forward(model: nn.Module) -> bool:
+    """True for an attnkit ``TransformerLM`` whose ``forward`` is the library's (``head(encode(...))``)."""
+    from attnkit.models.lm import TransformerLM
+
+    return isinstance(model, TransformerLM) and type(model).forward is TransformerLM.forward \
+        and type(model).encode is TransformerLM.encode
 
 
 def hf_subject(model: nn.Module, name: str | None = None, causal: bool | None = None) -> Subject:
     """A Hugging Face ``PreTrainedModel`` (causal LM, or encoder such as BERT)."""
     config = model.config
     if causal is None:
+        from attnkit.integrations.hf.folders import HF_ENCODER_TYPES
+
         causal = bool(getattr(config, "is_decoder", False)) or config.model_type not in HF_ENCODER_TYPES
     params = inspect.signature(model.forward).parameters
     cache_kw = "cache" if "cache" in params else "past_key_values"
 
-    def forward(tokens, *, positions=None, key_is_real=None, cache=None, doc_ids=None):
+    def call(target, tokens, positions=None, key_is_real=None, cache=None, doc_ids=None):
         kwargs = {"input_ids": tokens}
         if key_is_real is not None:
             kwargs["attention_mask"] = key_is_real.long()
@@ -186,20 +235,36 @@ def hf_subject(model: nn.Module, name: str | None = None, causal: bool | None = 
             kwargs["position_ids"] = positions.expand(tokens.shape[0], -1)
         if cache is not None:
             kwargs[cache_kw], kwargs["use_cache"] = cache, True
-        out = model(**kwargs)
+        out = target(**kwargs)
         logits = getattr(out, "logits", None)
         return logits if logits is not None else out.last_hidden_state
+
+    def forward(tokens, **kw):
+        return call(model, tokens, **kw)
 
     def new_cache(batch):
         from transformers import DynamicCache
 
         return DynamicCache(config=config)
 
-    has_head = hasattr(model, "get_output_embeddings") and model.get_output_embeddings() is not None
+    out = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    base = getattr(model, "base_model", model)
+    hidden = None
+    # the head applied to a few positions: only a head that is the output Linear itself, a direct child (GPT-2,
+    # Llama: lm_head); BERT's masked-LM head has a transform before it, so it is not run piecemeal
+    head = out if any(child is out for child in model.children()) else None
+    if out is not None and base is not model:  # the head model's trunk: the hidden states its head reads
+
+        def hidden(tokens, **kw):
+            return call(base, tokens, **kw)
+
     adapter = TokenAdapter(forward, config.vocab_size, causal=causal, new_cache=new_cache if causal else None,
-                           outputs_logits=has_head, infers_cache_positions=True)
+                           outputs_logits=out is not None, infers_cache_positions=True, hidden=hidden, head=head)
+    # transformers (>= 5) marks a model whose weights from_pretrained loaded; the config's name_or_path would not do:
+    # from_config(AutoConfig.from_pretrained(...)) keeps it with fresh weights. Older versions: unknown (False).
+    loaded = hasattr(model, "_weight_conversions")
     return Subject(name or type(model).__name__, "huggingface", lm=adapter, module=model,
-                   rebuild=lambda m: hf_subject(m, name, causal))
+                   rebuild=lambda m: hf_subject(m, name, causal), loaded=loaded)
 
 
 def is_hf_model(obj: object) -> bool:
@@ -241,3 +306,11 @@ def make_subject(subject: object, *, embed_dim: int | None = None, adapter: Toke
 def with_lm(subject: Subject, **changes) -> Subject:
     """A copy of ``subject`` whose token adapter has ``changes`` (used by tests and callers to disable parts)."""
     return replace(subject, lm=replace(subject.lm, **changes))
+
+
+def __getattr__(name: str):
+    if name == "HF_ENCODER_TYPES":  # re-exported on use only: importing it imports transformers (seconds)
+        from attnkit.integrations.hf.folders import HF_ENCODER_TYPES
+
+        return HF_ENCODER_TYPES
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from attnkit._bias import StructuredBias
-from attnkit._checks import number, positive_int
+from attnkit._checks import number, position_ids, positive_int
 from attnkit._validation import bias_needs_grad, check_bias, check_tensors
 from attnkit.distributed.comm import Comm, Recv, Send
 from attnkit.distributed.kernel import TileKernel, acc_dtype
@@ -304,14 +304,9 @@ def _prepare(q, k, v, mask, bias, scale, softcap, positions, layout, group, stra
 def _global_positions(positions, batch: int, seq_len: int, device) -> torch.Tensor:
     if positions is None:
         return torch.arange(seq_len, device=device).unsqueeze(0)  # (1, L)
-    if not isinstance(positions, torch.Tensor) or positions.dtype.is_floating_point or positions.dtype == torch.bool:
-        raise AttnkitTypeError(f"positions must be an integer tensor of the global sequence's positions, got "
-                               f"{describe(positions)}; pass e.g. torch.arange(L).")
-    if positions.dim() not in (1, 2) or positions.shape[-1] != seq_len or (
-            positions.dim() == 2 and positions.shape[0] not in (1, batch)):
-        raise AttnkitValueError(f"positions must have shape ({seq_len},) or ({batch}, {seq_len}) (the whole "
-                                f"sequence, every rank the same), got {describe(positions)}.")
-    return positions.to(device).long().reshape(-1, seq_len)  # (B|1, L)
+    positions = position_ids(positions, length=seq_len, batch=batch,
+                             note=" (the whole sequence, every rank the same)")  # (B|1, L)
+    return positions.to(device)
 
 
 def _gathered_contiguous(local_len: int, comm: Comm) -> ShardLayout:

@@ -71,6 +71,11 @@ class ContextParallelBackend:
     """``backend="context_parallel"``: the innermost :func:`sharded` scope's attention (nothing outside one)."""
 
     name = "context_parallel"
+    ranks_by_signature = True  # supports/rank read the call's signature and mask kind only; available(): state()
+
+    def state(self) -> bool:
+        """What ``available`` reads besides the call: whether a sharded(...) scope is open."""
+        return bool(_SCOPES)
 
     def available(self) -> list[str]:
         if not _SCOPES:

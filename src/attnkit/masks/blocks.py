@@ -28,6 +28,7 @@ from functools import cached_property, singledispatch
 import torch
 
 from attnkit.masks.spec import (
+    BoundMask,
     Causal,
     Chunked,
     Combination,
@@ -207,18 +208,18 @@ def _reduce(tensors, op):
     return out
 
 
-def evaluate_on(mask: MaskSpec, ctx: MaskContext, rows: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor,
-                heads: int | None = None) -> torch.Tensor:
-    """Evaluate ``mask`` for rows ``(R,)`` on index tensors ``q_idx (..., lq)`` and ``kv_idx (..., lk)``.
+def evaluate_on(fn: BoundMask, rows: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor,
+                heads: int) -> torch.Tensor:
+    """Evaluate the bound mask ``fn`` for rows ``(R,)`` on index tensors ``q_idx (..., lq)`` and ``kv_idx (..., lk)``.
 
+    ``fn`` is bound once per call (a prepared mask's ``fn``, shared by every piece and layer), never here.
     Returns bool ``(..., R|1, heads|1, lq, lk)`` in its natural broadcast shape (a padding mask stays
     ``(..., R, 1, 1, lk)``), where ``...`` are the leading dims shared by the two index tensors.
     """
     lead = q_idx.shape[:-1]
     n = len(lead)
-    fn = mask.bind(ctx)
     b = rows.view(*([1] * n), -1, 1, 1, 1)  # (1.., R, 1, 1, 1)
-    h = torch.arange(heads or mask.heads, device=rows.device).view(*([1] * n), 1, -1, 1, 1)  # (1.., 1, H, 1, 1)
+    h = torch.arange(heads, device=rows.device).view(*([1] * n), 1, -1, 1, 1)  # (1.., 1, H, 1, 1)
     qi = q_idx.view(*lead, 1, 1, q_idx.shape[-1], 1)  # (..., 1, 1, lq, 1)
     ki = kv_idx.view(*kv_idx.shape[:-1], 1, 1, 1, kv_idx.shape[-1])  # (..., 1, 1, 1, lk)
     return fn(b, h, qi, ki)
@@ -226,7 +227,7 @@ def evaluate_on(mask: MaskSpec, ctx: MaskContext, rows: torch.Tensor, q_idx: tor
 
 def probe(mask: MaskSpec, grid: BlockGrid) -> BlockCover:
     """Cover by evaluating the mask on every entry (O(Lq x Lk)): only for custom and unknown masks."""
-    return _tiles(evaluate_on(mask, grid.ctx, grid.rows, grid.q_index, grid.kv_index), grid)
+    return _tiles(evaluate_on(mask.bind(grid.ctx), grid.rows, grid.q_index, grid.kv_index, mask.heads), grid)
 
 
 @cover.register

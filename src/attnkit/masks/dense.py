@@ -7,33 +7,26 @@ from __future__ import annotations
 
 import torch
 
+from attnkit._checks import position_ids
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
 from attnkit.masks.spec import BoundMask, MaskContext, MaskSpec
 
 
 def default_positions(q_len: int, kv_len: int, device: torch.device | str | None = None):
-    """Bottom-right aligned defaults: keys at ``arange(Lk)``, queries at the last Lq of them. ``(1, L)`` each."""
+    """Bottom-right aligned defaults: keys at ``arange(Lk)``, queries at the last Lq of them. ``(1, L)`` each.
+
+    With Lq > Lk the first Lq - Lk queries sit at negative positions, before every key (flash-attn's and
+    PyTorch's ``causal_lower_right``): a causal or window mask gives them no visible key, so their rows are 0."""
     kv = torch.arange(kv_len, device=device).unsqueeze(0)  # (1, Lk)
     q = torch.arange(kv_len - q_len, kv_len, device=device).unsqueeze(0)  # (1, Lq); starts below 0 when Lq > Lk
     return q, kv
-
-
-def check_default_alignment(q_len: int, kv_len: int, fix: str) -> None:
-    """Default positions put the queries at the last Lq key positions: Lq > Lk would give queries negative
-    positions (rows of a causal mask that see nothing). Raise the typed error for it, with ``fix``."""
-    if q_len > kv_len:
-        raise AttnkitValueError(f"q_positions length {q_len} exceeds kv_positions length {kv_len}; with default "
-                                f"positions queries are the last Lq keys, so Lq <= Lk: {fix}.")
 
 
 def _as_positions(value: torch.Tensor | int, name: str) -> torch.Tensor | int:
     if isinstance(value, bool) or not isinstance(value, (int, torch.Tensor)):
         raise AttnkitTypeError(f"{name} must be an int64 tensor (L,)/(B, L) or a length int, got {describe(value)}.")
     if isinstance(value, torch.Tensor):
-        if value.dtype.is_floating_point or value.dtype == torch.bool or value.dim() not in (1, 2):
-            raise AttnkitValueError(f"{name} must be an integer tensor of shape (L,) or (B, L), got {describe(value)}; "
-                                    "pass absolute token positions, e.g. torch.arange(L).")
-        return value.long().reshape(value.shape[0] if value.dim() == 2 else 1, value.shape[-1])  # (B|1, L)
+        return position_ids(value, name, length=value.shape[-1] if value.dim() else None)  # (B|1, L)
     if value < 0:
         raise AttnkitValueError(f"{name} as a length must be >= 0, got {value}.")
     return value
@@ -53,8 +46,6 @@ def context_for(
     if isinstance(qp, int) or isinstance(kvp, int):
         q_len = qp if isinstance(qp, int) else qp.shape[1]
         kv_len = kvp if isinstance(kvp, int) else kvp.shape[1]
-        if isinstance(qp, int) and isinstance(kvp, int):
-            check_default_alignment(q_len, kv_len, "pass position tensors instead of lengths")
         dq, dkv = default_positions(q_len, kv_len, device)
         qp = dq if isinstance(qp, int) else qp
         kvp = dkv if isinstance(kvp, int) else kvp

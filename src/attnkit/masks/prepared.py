@@ -42,6 +42,12 @@ from attnkit.masks.blocks import BlockCover, BlockGrid, cover
 from attnkit.masks.dense import context_for, default_positions, evaluate
 from attnkit.masks.spec import BoundMask, Causal, Chunked, Dense, Document, MaskContext, MaskSpec, Padding, Strided
 
+#: forms of small pure causal masks on default positions kept across calls (see PreparedMask.memo(shared=True))
+_SHARED: dict[Any, Any] = {}
+_SHARED_MAX = 32
+#: Lq x Lk of the largest mask whose forms are shared (a decode step's, never a prefill's): 32 x 256 KiB at most
+SHARED_MAX_ENTRIES = 1 << 18
+
 
 @dataclass(frozen=True)
 class MaskStructure:
@@ -74,33 +80,45 @@ class PreparedMask:
     def __init__(self, mask: MaskSpec | torch.Tensor, q_positions: torch.Tensor | int,
                  kv_positions: torch.Tensor | int | None = None, batch: int | None = None, *,
                  _default: bool | None = None):
-        self.source = mask
-        self.is_tensor = isinstance(mask, torch.Tensor)
-        if self.is_tensor:
-            if mask.dtype != torch.bool or mask.dim() > 4:
-                raise AttnkitTypeError(f"prepare expects an ak.masks mask or a bool tensor with at most 4 dims "
-                                       f"(True = may attend), got {describe(mask)}; use tensor.bool().")
-            mask = Dense(mask.reshape((1,) * max(0, 2 - mask.dim()) + tuple(mask.shape)))  # (.., Lq|1, Lk|1)
-        elif not isinstance(mask, MaskSpec):
-            raise AttnkitTypeError(f"prepare expects an ak.masks mask or a bool tensor, got {describe(mask)}; build "
-                                   "one with ak.masks.causal(), ak.masks.padding(...), ... or wrap a tensor.")
-        self.spec: MaskSpec = mask
-        self.ctx: MaskContext = context_for(mask, q_positions, kv_positions, batch=batch)
-        self.batch, self.q_len, self.kv_len = self.ctx.batch, self.ctx.q_len, self.ctx.kv_len
-        self.heads, self.device = mask.heads, self.ctx.device
-        self.default_positions = _is_default(q_positions, kv_positions, self.ctx) if _default is None else _default
+        spec = _spec_of(mask)
+        ctx = context_for(spec, q_positions, kv_positions, batch=batch)
+        default = _is_default(q_positions, kv_positions, ctx) if _default is None else _default
+        self._setup(mask, spec, ctx.batch, ctx.q_len, ctx.kv_len, ctx.device, default)
+        self._ctx = ctx
+
+    def _setup(self, source, spec: MaskSpec, batch: int, q_len: int, kv_len: int, device: torch.device,
+               default: bool) -> None:
+        self.source, self.is_tensor, self.spec = source, isinstance(source, torch.Tensor), spec
+        self.batch, self.q_len, self.kv_len, self.heads, self.device = batch, q_len, kv_len, spec.heads, device
+        self.default_positions = default
         self._memo: dict[Any, Any] = {}
+        self._ctx: MaskContext | None = None
+        self._positions: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
 
     @classmethod
     def for_call(cls, mask: MaskSpec | torch.Tensor, q_positions: torch.Tensor | None,
                  kv_positions: torch.Tensor | None, batch: int, q_len: int, kv_len: int,
                  device: torch.device) -> PreparedMask:
-        """Prepare for a validated call: positions ``(B|1, L)`` or None for the defaults (no check needed)."""
-        dq, dkv = default_positions(q_len, kv_len, device)  # (1, Lq), (1, Lk)
-        default = q_positions is None and kv_positions is None
-        prepared = cls(mask, dq if q_positions is None else q_positions, dkv if kv_positions is None else kv_positions,
-                       batch, _default=default)
+        """Prepare for a validated call: positions ``(B|1, L)`` or None for the defaults (no check needed: the
+        call's checks fixed their shapes, the mask's batch and the device). Nothing is built here: the
+        positions are broadcast (the defaults made) the first time something reads :attr:`ctx`, so a call that
+        needs only the structure (a causal mask SDPA flags) pays for none of it."""
+        prepared = cls.__new__(cls)
+        prepared._setup(mask, _spec_of(mask), batch, q_len, kv_len, device,
+                        q_positions is None and kv_positions is None)
+        prepared._positions = (q_positions, kv_positions)
         return prepared
+
+    @property
+    def ctx(self) -> MaskContext:
+        """The :class:`MaskContext`: positions ``(B, Lq)``, ``(B, Lk)`` int64 (built on first use)."""
+        if self._ctx is None:
+            q, kv = self._positions
+            if q is None or kv is None:
+                dq, dkv = default_positions(self.q_len, self.kv_len, self.device)  # (1, Lq), (1, Lk)
+                q, kv = dq if q is None else q, dkv if kv is None else kv
+            self._ctx = MaskContext(q.expand(self.batch, -1), kv.expand(self.batch, -1))  # (B, Lq), (B, Lk)
+        return self._ctx
 
     # ------------------------------------------------------------------ bound forms
     @property
@@ -110,26 +128,26 @@ class PreparedMask:
 
     def dense(self) -> torch.Tensor:
         """The dense bool mask, broadcastable to ``(B, H, Lq, Lk)`` (a tensor mask is returned as given, 4-D)."""
-        if "dense" not in self._memo:
-            if self.is_tensor:
-                self.fn  # noqa: B018 -- binding checks the tensor against the call's shape
-                self._memo["dense"] = self.spec.tensor.to(self.device)  # (B|1, H|1, Lq|1, Lk|1)
-            else:
-                self._memo["dense"] = evaluate(self.fn, self.ctx, heads=self.heads)  # (B, H|1, Lq, Lk)
-        return self._memo["dense"]
+        return self.memo("dense", self._dense, shared=True)
+
+    def _dense(self) -> torch.Tensor:
+        if self.is_tensor:
+            self.fn  # noqa: B018 -- binding checks the tensor against the call's shape
+            return self.spec.tensor.to(self.device)  # (B|1, H|1, Lq|1, Lk|1)
+        return evaluate(self.fn, self.ctx, heads=self.heads)  # (B, H|1, Lq, Lk)
 
     def dense_opened(self) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``(mask | empty_rows, empty_rows)``: rows with no visible key opened to every key (their output is
         zeroed afterwards, which gives finite gradients on any kernel), and the empty-row mask
         ``(B|1, H|1, Lq, 1)``; ``(mask, None)`` when every row sees a key."""
-        if "opened" not in self._memo:
-            allowed = self.dense()
-            empty = ~allowed.any(dim=-1, keepdim=True)  # (B|1, H|1, Lq, 1)
-            if not torch.compiler.is_compiling() and not bool(empty.any()):  # (data-dependent: breaks graphs)
-                self._memo["opened"] = (allowed, None)
-            else:
-                self._memo["opened"] = (allowed | empty, empty)
-        return self._memo["opened"]
+        return self.memo("opened", self._dense_opened, shared=True)
+
+    def _dense_opened(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        allowed = self.dense()
+        empty = ~allowed.any(dim=-1, keepdim=True)  # (B|1, H|1, Lq, 1)
+        if not torch.compiler.is_compiling() and not bool(empty.any()):  # (data-dependent: breaks graphs)
+            return allowed, None
+        return allowed | empty, empty
 
     def block_cover(self, block: int, kv_block: int | None = None) -> BlockCover:
         """The :class:`~attnkit.masks.blocks.BlockCover` ``(nQ, nK)`` of tiles of ``block`` queries by
@@ -147,11 +165,28 @@ class PreparedMask:
                          torch.arange(self.kv_len, device=dev) if kv_index is None else kv_index,
                          block, kv_block or block)
 
-    def memo(self, key: Any, build: Callable[[], Any]) -> Any:
-        """``build()`` once per key for this prepared mask (backends keep their derived forms here)."""
-        if key not in self._memo:
-            self._memo[key] = build()
-        return self._memo[key]
+    def memo(self, key: Any, build: Callable[[], Any], *, shared: bool = False) -> Any:
+        """``build()`` once per key for this prepared mask (backends keep their derived forms here).
+
+        ``shared=True``, for forms built from the mask alone (never from a call's tensors): a pure causal mask
+        on default positions has no data, so such a form is a function of exactly ``(key, B, Lq, Lk, device)``
+        and is kept across calls too, in a small bounded table, when the mask is small (a decode step's
+        ``Lq x Lk``, at most ``SHARED_MAX_ENTRIES``): an unprepared ``causal()`` decode call then builds its
+        dense form once, not once per call."""
+        if key in self._memo:
+            return self._memo[key]
+        if shared and self.pure_causal and self.q_len * self.kv_len <= SHARED_MAX_ENTRIES and \
+                not torch.compiler.is_compiling():
+            table_key = (key, self.batch, self.q_len, self.kv_len, self.device)
+            if table_key not in _SHARED:
+                if len(_SHARED) >= _SHARED_MAX:
+                    _SHARED.clear()
+                _SHARED[table_key] = build()
+            value = _SHARED[table_key]
+        else:
+            value = build()
+        self._memo[key] = value
+        return value
 
     # ------------------------------------------------------------------ structure
     @property
@@ -204,6 +239,19 @@ class PreparedMask:
 
     def __repr__(self) -> str:
         return f"prepared({self.spec!r}, B={self.batch}, Lq={self.q_len}, Lk={self.kv_len})"
+
+
+def _spec_of(mask: object) -> MaskSpec:
+    """The :class:`MaskSpec` of an ``ak.masks`` mask or a bool tensor (wrapped as :class:`Dense`)."""
+    if isinstance(mask, torch.Tensor):
+        if mask.dtype != torch.bool or mask.dim() > 4:
+            raise AttnkitTypeError(f"prepare expects an ak.masks mask or a bool tensor with at most 4 dims "
+                                   f"(True = may attend), got {describe(mask)}; use tensor.bool().")
+        return Dense(mask.reshape((1,) * max(0, 2 - mask.dim()) + tuple(mask.shape)))  # (.., Lq|1, Lk|1)
+    if not isinstance(mask, MaskSpec):
+        raise AttnkitTypeError(f"prepare expects an ak.masks mask or a bool tensor, got {describe(mask)}; build "
+                               "one with ak.masks.causal(), ak.masks.padding(...), ... or wrap a tensor.")
+    return mask
 
 
 def _is_default(q_positions, kv_positions, ctx: MaskContext) -> bool:

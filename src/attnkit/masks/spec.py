@@ -58,7 +58,7 @@ class MaskSpec:
     #: number of heads the mask distinguishes (only dense per-head masks have more than 1)
     heads: int = 1
     #: True when the mask reads token positions (causal, windows, strides, global tokens, custom), not only
-    #: indices and data: default positions must then be well defined (Lq <= Lk)
+    #: indices and data (a cache serves it by how far back it reaches)
     positional: bool = False
 
     def bind(self, ctx: MaskContext) -> BoundMask:

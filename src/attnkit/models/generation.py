@@ -32,7 +32,7 @@ from typing import Protocol, runtime_checkable
 import torch
 
 from attnkit._checks import positive_int
-from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
+from attnkit.errors import AttnkitTypeError, AttnkitValueError, BackendUnsupportedError, describe
 from attnkit.masks import MaskSpec, custom
 
 
@@ -149,7 +149,8 @@ def _check_length(model, prompts, max_new_tokens: int) -> None:
 
 def stream_generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int = 64, temperature: float = 0.0,
                     top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
-                    stop_tokens: Sequence[int] = (), cache: str = "dynamic") -> Iterator[tuple[int, int]]:
+                    stop_tokens: Sequence[int] = (), cache: str = "dynamic",
+                    compile: bool = False) -> Iterator[tuple[int, int]]:
     """Yield ``(row, token)`` as tokens are produced (each step yields one token per unfinished row).
 
     Arguments as :func:`generate`. ``cache`` is the kind passed to ``model.new_cache`` ("dynamic", "static"
@@ -157,6 +158,7 @@ def stream_generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: 
     """
     stop_tokens = tuple(stop_tokens)
     _check_args(model, prompts, max_new_tokens, temperature, top_k, top_p, stop_tokens)
+    _check_compile(compile, cache, prompts)
     if max_new_tokens == 0:
         return
     device = next((p.device for p in model.parameters()), None) if hasattr(model, "parameters") else None
@@ -170,8 +172,9 @@ def stream_generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: 
     finished = [False] * B
     next_pos = positions[:, -1:] + 1  # (B, 1)
     for step in range(max_new_tokens):
+        forward = _compiled_decode_step if compile and step > 0 else _decode_step  # the prefill runs eager
         with torch.inference_mode():
-            logits = model(tokens, positions=positions, cache=caches, key_is_real=key_is_real)  # (B, L, V)
+            logits = forward(model, tokens, positions, caches, key_is_real)  # (B, L, V)
             new = sample(logits[:, -1], temperature=temperature, top_k=top_k, top_p=top_p,
                          generator=generator)  # (B,)
             done_now = torch.isin(new, stops) if len(stop_tokens) else None  # (B,)
@@ -191,7 +194,7 @@ def stream_generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: 
 def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int = 64, temperature: float = 0.0,
              top_k: int | None = None, top_p: float | None = None, seed: int | None = None,
              stop_tokens: Sequence[int] = (), cache: str = "dynamic",
-             on_token: Callable[[int, int], object] | None = None) -> list[list[int]]:
+             on_token: Callable[[int, int], object] | None = None, compile: bool = False) -> list[list[int]]:
     """Generate up to ``max_new_tokens`` tokens per prompt; returns the new tokens of each prompt.
 
     Args:
@@ -203,11 +206,46 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int = 6
         stop_tokens: a row stops after producing one of these (the stop token is included in its output).
         cache: KV-cache kind for ``model.new_cache``.
         on_token: called as ``on_token(row, token)`` for every token as soon as it is produced.
+        compile: run the decode steps through ``torch.compile`` (static shapes; the prefill runs eager). Needs
+            ``cache="static"`` and prompts of one length: then every step, and every later call on the same
+            model, reuses the compiled graphs. The first call compiles (seconds to minutes).
     """
     out: list[list[int]] = [[] for _ in range(len(prompts) if isinstance(prompts, (list, tuple)) else 0)]
     for row, token in stream_generate(model, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
-                                      top_k=top_k, top_p=top_p, seed=seed, stop_tokens=stop_tokens, cache=cache):
+                                      top_k=top_k, top_p=top_p, seed=seed, stop_tokens=stop_tokens, cache=cache,
+                                      compile=compile):
         out[row].append(token)
         if on_token is not None:
             on_token(row, token)
     return out
+
+
+def _decode_step(model, tokens: torch.Tensor, positions: torch.Tensor, caches: list, key_is_real) -> torch.Tensor:
+    """One forward of the decode loop: logits ``(B, L, V)`` for ``tokens (B, L)`` at ``positions (B, L)``."""
+    return model(tokens, positions=positions, cache=caches, key_is_real=key_is_real)
+
+
+_COMPILED: list = []  # [the compiled _decode_step], built on first use (nothing compiles at import)
+
+
+def _compiled_decode_step(model, tokens, positions, caches, key_is_real) -> torch.Tensor:
+    """:func:`_decode_step` through one ``torch.compile`` (static shapes) shared by every call: dynamo guards on
+    the model and the shapes, so a model's steps over a static cache reuse the same graphs. Not ``fullgraph``:
+    a model may read a value on the host (learned positions check their range), which splits the step in two
+    graphs rather than failing."""
+    if not _COMPILED:
+        _COMPILED.append(torch.compile(_decode_step, dynamic=False))
+    return _COMPILED[0](model, tokens, positions, caches, key_is_real)
+
+
+def _check_compile(compile: object, cache: str, prompts) -> None:
+    if not isinstance(compile, bool):
+        raise AttnkitTypeError(f"compile must be True or False, got {describe(compile)}.")
+    if compile and cache != "static":
+        raise AttnkitValueError(f"compile=True needs cache='static' (fixed shapes: one graph for every step), got "
+                                f"cache={cache!r}; pass cache='static', or compile=False.")
+    if compile and len({len(p) for p in prompts}) > 1:
+        raise BackendUnsupportedError(
+            f"compile=True decodes prompts of one length only, got lengths {sorted({len(p) for p in prompts})} (the "
+            "left-padding mask grows by one key per step, a new shape for every step); decode them separately or "
+            "pass compile=False.", ["compiled decoding of left-padded prompts"])

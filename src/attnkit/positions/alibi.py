@@ -99,6 +99,12 @@ class ALiBi(nn.Module, StructuredBias):
             m = slopes[h]
         return -m * (q_pos - kv_pos).abs().to(torch.float32)
 
+    def memo_key(self):
+        """``("alibi", slopes...)`` for fixed per-head slopes; None for trainable or per-row slopes."""
+        if self.batch > 1 or self.slopes.requires_grad:
+            return None
+        return ("alibi", *self.slopes.tolist())
+
     def reach(self, margin: torch.Tensor) -> torch.Tensor | None:
         """``margin / slopes``: beyond this distance head h's penalty exceeds ``margin[h]``; ``(H,)`` float
         (None when a slope is negative or per row: the penalty then does not fall with distance per head)."""

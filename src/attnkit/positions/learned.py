@@ -13,8 +13,7 @@ import math
 import torch
 from torch import nn
 
-from attnkit._checks import integer
-from attnkit._validation import check_position_ids
+from attnkit._checks import integer, position_ids
 from attnkit.errors import AttnkitValueError, describe
 
 
@@ -42,8 +41,10 @@ class Learned(nn.Module):
         return f"max_positions={self.max_positions}, embed_dim={self.embed_dim}, init_std={self.init_std}"
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
-        check_position_ids(positions)
+        position_ids(positions)
         if positions.numel():
+            if torch.compiler.is_compiling():  # no host reads: a compiled decode step would specialise on each
+                return self.embedding(positions.long())  # step's values and compile again (lengths checked up front)
             low, high = int(positions.min()), int(positions.max())
             if low < 0:
                 raise AttnkitValueError(f"positions must be >= 0, got value {low}; learned positions are absolute "

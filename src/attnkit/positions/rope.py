@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from attnkit._checks import integer, number
+from attnkit._checks import integer, number, position_ids
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
 
 _STYLES = ("half", "interleaved")
@@ -387,18 +387,8 @@ class RoPE(nn.Module):
         B, _, L, _ = x.shape
         if positions is None:
             return None  # arange(L): served from the default table
-        if not isinstance(positions, torch.Tensor) or positions.dtype.is_floating_point or \
-                positions.dtype.is_complex or positions.dtype == torch.bool:
-            raise AttnkitTypeError(f"positions must be an integer tensor of absolute positions, got "
-                                   f"{describe(positions)}; pass e.g. torch.arange(L) (int64).")
-        if positions.dim() not in (1, 2) or positions.shape[-1] != L or (
-                positions.dim() == 2 and positions.shape[0] not in (1, B)):
-            raise AttnkitValueError(f"positions must have shape ({L},) or ({B}, {L}) to match x {tuple(x.shape)}, got "
-                                    f"{describe(positions)}; give one position per token of x.")
-        if positions.device != x.device:
-            raise AttnkitValueError(f"positions is on {positions.device} but x is on {x.device}; move it with "
-                                    ".to(x.device).")
-        return positions.reshape(-1, L)  # (B|1, L)
+        return position_ids(positions, length=L, batch=B, device=x.device, owner="x",
+                            note=f" to match x {tuple(x.shape)}")  # (B|1, L)
 
 
 class _HalfRotation(torch.autograd.Function):

@@ -20,8 +20,7 @@ import math
 import torch
 from torch import nn
 
-from attnkit._checks import integer
-from attnkit._validation import check_position_ids
+from attnkit._checks import integer, position_ids
 from attnkit.errors import AttnkitValueError, describe
 
 
@@ -41,7 +40,7 @@ class Sinusoidal(nn.Module):
         return f"embed_dim={self.embed_dim}, base={self.base}"
 
     def forward(self, positions: torch.Tensor) -> torch.Tensor:
-        check_position_ids(positions)
+        position_ids(positions)
         device = positions.device
         compute = torch.float32 if device.type == "mps" else torch.float64
         exponent = torch.arange(0, self.embed_dim, 2, dtype=compute, device=device) / self.embed_dim  # (ceil(E/2),)

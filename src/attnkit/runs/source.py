@@ -192,16 +192,31 @@ def hf_tiny(name: str):
     return getattr(tf, model_cls)(getattr(tf, config_cls)(**kwargs)).eval()
 
 
+def hf_class(tf, config, *, encoder: bool = False):
+    """The class that holds a folder's weights: the first of ``config.architectures`` that transformers has
+    (all-MiniLM-L6-v2: ``BertModel``, never a head the folder lacks), else the Auto class of the model type;
+    ``encoder`` asks for the masked-LM head explicitly."""
+    from attnkit.integrations.hf.folders import HF_ENCODER_TYPES
+
+    if encoder:
+        return tf.AutoModelForMaskedLM
+    for name in getattr(config, "architectures", None) or ():
+        if isinstance(name, str) and isinstance(getattr(tf, name, None), type):
+            return getattr(tf, name)
+    return tf.AutoModelForMaskedLM if config.model_type in HF_ENCODER_TYPES else tf.AutoModelForCausalLM
+
+
 def load_hf_folder(path: Path, *, encoder: bool = False):
     """``(model, None)`` for a Hugging Face folder with weights (of unknown training), never running its code:
     ``trust_remote_code=False`` and a config with ``auto_map`` (custom modelling code in the folder) is refused with
     :class:`RemoteCodeRefused`; a malformed config.json, a folder without weights and a model larger than the
-    memory here are typed errors before anything is built (:mod:`attnkit.integrations.hf.folders`)."""
-    from attnkit.integrations.hf.folders import HF_ENCODER_TYPES, check_weights, load_config, load_pretrained
+    memory here are typed errors before anything is built (:mod:`attnkit.integrations.hf.folders`). The model is
+    the class that holds the weights (:func:`hf_class`: no randomly initialised head)."""
+    from attnkit.integrations.hf.folders import check_weights, load_config, load_pretrained
 
     tf = _transformers()
     config = load_config(path)
-    auto = tf.AutoModelForMaskedLM if encoder or config.model_type in HF_ENCODER_TYPES else tf.AutoModelForCausalLM
+    auto = hf_class(tf, config, encoder=encoder)
     check_weights(auto, config, path)
-    # an encoder's masked-LM head may be absent (a sentence-embedding checkpoint): only attention is examined
-    return load_pretrained(auto, path, optional=("cls.", "pooler.")), None
+    # with --encoder an encoder's masked-LM head may be absent (a sentence-embedding checkpoint)
+    return load_pretrained(auto, path, optional=("cls.", "pooler.") if encoder else ("pooler.",)), None

@@ -6,7 +6,20 @@ every registered check, ordered by its declared ``order`` (:func:`names`).
 import importlib
 import pkgutil
 
-from attnkit.diagnostics.checks.base import FAIL, PASS, REGISTRY, SKIP, WARN, Check, Options, Outcome, Skip, check, names
+from attnkit.diagnostics.checks.base import (
+    FAIL,
+    INFO,
+    PASS,
+    REGISTRY,
+    SKIP,
+    WARN,
+    Check,
+    Options,
+    Outcome,
+    Skip,
+    check,
+    names,
+)
 
 for _module in pkgutil.iter_modules(__path__):
     if _module.name != "base":
@@ -19,4 +32,5 @@ def __getattr__(attr: str):
     raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
 
 
-__all__ = ["ORDER", "REGISTRY", "Check", "Options", "Outcome", "Skip", "PASS", "WARN", "FAIL", "SKIP", "check", "names"]
+__all__ = ["ORDER", "REGISTRY", "Check", "Options", "Outcome", "Skip", "PASS", "WARN", "FAIL", "SKIP", "INFO", "check",
+           "names"]

@@ -17,6 +17,7 @@ import torch
 from attnkit.errors import AttnkitValueError
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
+INFO = "INFO"  # a fact worth knowing that is not a bug (the evidence behind a warning does not hold)
 
 
 class Skip(Exception):
@@ -40,8 +41,15 @@ class Options:
     head_dim: int = 16
     seed: int = 0
     fresh: bool | None = None  # freshly initialised model? None = unknown
+    #: why ``fresh`` is False (e.g. "weights loaded from a Hugging Face folder"), said by the checks that skip
+    not_fresh_because: str = "the subject is trained or loaded, not fresh (fresh=False)"
     overfit: bool = False
     overfit_steps: int = 150
+    #: the user's tokens ``(1, L)`` (the report's text): attention health is measured on them when given
+    text: torch.Tensor | None = None
+    #: what ``text`` is, for the evidence ("the report's text, 14 tokens")
+    text_note: str = ""
+    thresholds: object = None  # HealthThresholds for attention-health (None = the defaults)
 
 
 @dataclass(frozen=True)
@@ -109,6 +117,15 @@ def tolerance(ref: torch.Tensor) -> float:
     return eps * max(1.0, float(ref.detach().abs().max()) if ref.numel() else 1.0)
 
 
+def all_finite(t: torch.Tensor) -> bool:
+    """No NaN or inf in ``t``: its min and max are finite (min/max propagate NaN; 10x faster than isfinite().all()
+    on a large gradient in float16 on CPU)."""
+    if t.numel() == 0:
+        return True
+    low, high = torch.aminmax(t.detach().reshape(-1))
+    return bool(torch.isfinite(low)) and bool(torch.isfinite(high))
+
+
 def causal_mask(L: int, device="cpu") -> torch.Tensor:
     """(L, L) bool, True = may attend: query i sees keys j <= i."""
     return torch.ones(L, L, dtype=torch.bool, device=device).tril()
@@ -159,6 +176,6 @@ def sample_inputs(subject, options: Options, dtype=torch.float32, offset: int = 
 def run_main(subject, inputs, *, causal: bool = True) -> torch.Tensor:
     """Forward ``inputs`` through the subject's main level (a causal mask for modules when ``causal``)."""
     if subject.lm is not None:
-        return subject.lm.forward(inputs)
+        return subject.lm.per_position(inputs)  # (B, L, E|V): the head adds nothing these checks look at
     L = inputs.shape[1]
     return subject.seq(inputs, causal_mask(L, inputs.device) if causal else None)

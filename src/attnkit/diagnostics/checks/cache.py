@@ -23,13 +23,14 @@ from attnkit.diagnostics.checks.base import (
 
 
 def decode(lm, tokens: torch.Tensor, chunks: list[int], *, explicit_positions: bool = True) -> torch.Tensor:
-    """Run ``tokens (B, L)`` through a fresh cache in chunks of the given sizes; logits ``(B, L, V)``."""
+    """Run ``tokens (B, L)`` through a fresh cache in chunks of the given sizes; the per-position outputs
+    ``(B, L, E|V)`` (hidden states when the adapter has them, else logits)."""
     cache = lm.new_cache(tokens.shape[0])
     outs, start = [], 0
     for size in chunks:
         piece = tokens[:, start:start + size]
         positions = torch.arange(start, start + size, device=tokens.device)[None] if explicit_positions else None
-        outs.append(lm.forward(piece, positions=positions, cache=cache))
+        outs.append(lm.per_position(piece, positions=positions, cache=cache))
         start += size
     return torch.cat(outs, 1)
 
@@ -52,7 +53,7 @@ def kv_cache(subject, options) -> Outcome:
     tokens = tokens_for(lm.vocab_size, options.batch, L, gen(options, 6), model_device(s))
     modes = {"token by token": [1] * L, "chunked (prefill 3, then 2, 3, ...)": _chunks(L)}
     with torch.no_grad():
-        full = lm.forward(tokens)
+        full = lm.per_position(tokens)  # (B, L, E|V)
         tol = tolerance(full)
         results, where = {}, {}
         for name, chunks in modes.items():

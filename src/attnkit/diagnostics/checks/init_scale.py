@@ -29,7 +29,7 @@ ATTENTION_LOGIT = 20.0  # WARN above: attention rows start near one-hot
        "first loss is about ln(vocab) before training; see `attnkit lab pitfalls`.", order=115)
 def init_scale(subject, options) -> Outcome:
     if options.fresh is False:
-        raise Skip("the subject is trained (fresh=False): the initial scale does not apply")
+        raise Skip(f"{options.not_fresh_because}: the initial scale does not apply to loaded weights")
     lm = subject.lm
     if lm is None or not lm.outputs_logits:
         raise Skip("needs a token model with logits")

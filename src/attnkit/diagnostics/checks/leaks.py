@@ -80,16 +80,18 @@ def causal_leak(subject, options) -> Outcome:
         changed = tokens.clone()
         changed[:, t:] = tokens_for(s.lm.vocab_size, options.batch, L - t, g, tokens.device)
         with embedding_probe(s.module, tokens.shape) as leaves:
-            out = s.lm.forward(tokens)
+            out = s.lm.per_position(tokens)  # (B, L, E|V): hidden states when the model has them
         grad = None
         if leaves:
             out[:, :t].sum().backward()
             grad = float(leaves[0].grad[:, t:].abs().max())
-        out2 = s.lm.forward(changed).detach()
+        with torch.no_grad():
+            out2 = s.lm.per_position(changed)
         out = out.detach()
         tol = tolerance(out)
+        what = "hidden states" if s.lm.hidden is not None else "logits"
         return _verdict(max_diff(out[:, :t], out2[:, :t]), max_diff(out[:, t:], out2[:, t:]), grad, tol,
-                        first_bad_position(out[:, :t], out2[:, :t], 1, tol), "future tokens leak into earlier logits")
+                        first_bad_position(out[:, :t], out2[:, :t], 1, tol), f"future tokens leak into earlier {what}")
     if subject.seq is not None:
         s = subject.cast(F64)
         x = x_inputs(s, options, L).requires_grad_(True)
@@ -147,7 +149,8 @@ def padding_leak(subject, options) -> Outcome:
         g = gen(options, 4)
         dev = model_device(s)
         tokens = tokens_for(s.lm.vocab_size, options.batch, n, g, dev)
-        base = s.lm.forward(tokens).detach()
+        with torch.no_grad():
+            base = s.lm.per_position(tokens)  # (B, n, E|V)
         sides = ("right", "left") if s.lm.supports_positions else ("right",)
         if not s.lm.supports_positions:
             notes.append("left padding not tested: the model takes no positions")
@@ -158,12 +161,13 @@ def padding_leak(subject, options) -> Outcome:
                     real = torch.ones(options.batch, n, dtype=torch.bool, device=dev)
                     fake = torch.zeros(options.batch, p, dtype=torch.bool, device=dev)
                     if side == "right":
-                        out = s.lm.forward(torch.cat([tokens, pads], 1), key_is_real=torch.cat([real, fake], 1))[:, :n]
+                        out = s.lm.per_position(torch.cat([tokens, pads], 1),
+                                                key_is_real=torch.cat([real, fake], 1))[:, :n]
                     else:
                         key_is_real = torch.cat([fake, real], 1)  # (B, p + n)
                         positions = (key_is_real.long().cumsum(1) - 1).clamp_min(0)  # (B, p + n)
-                        out = s.lm.forward(torch.cat([pads, tokens], 1), key_is_real=key_is_real,
-                                           positions=positions)[:, p:]
+                        out = s.lm.per_position(torch.cat([pads, tokens], 1), key_is_real=key_is_real,
+                                                positions=positions)[:, p:]
                     results[f"{side} padding x{p}"] = max_diff(out, base)
         return _padding_outcome(results, tolerance(base), notes)
     if subject.seq is not None:
@@ -227,8 +231,8 @@ def packing_leak(subject, options) -> Outcome:
         tokens = tokens_for(s.lm.vocab_size, options.batch, a + b, gen(options, 5), dev)
         positions = torch.cat([torch.arange(a), torch.arange(b)]).to(dev)[None]  # (1, L): restart per document
         with torch.no_grad():
-            packed = s.lm.forward(tokens, positions=positions, doc_ids=doc_ids.to(dev).expand(options.batch, -1))
-            alone = torch.cat([s.lm.forward(tokens[:, :a]), s.lm.forward(tokens[:, a:])], 1)
+            packed = s.lm.per_position(tokens, positions=positions, doc_ids=doc_ids.to(dev).expand(options.batch, -1))
+            alone = torch.cat([s.lm.per_position(tokens[:, :a]), s.lm.per_position(tokens[:, a:])], 1)
     elif subject.seq is not None:
         s = subject.cast(F64)
         x = x_inputs(s, options, a + b)

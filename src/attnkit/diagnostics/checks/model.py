@@ -71,7 +71,7 @@ def first_loss(subject, options) -> tuple[float, float] | None:
        "1/sqrt(2 * n_layers), and check the first loss is about log(vocab).", order=100)
 def init(subject, options) -> Outcome:
     if options.fresh is False:
-        raise Skip("the subject is trained (fresh=False): initialisation does not apply")
+        raise Skip(f"{options.not_fresh_because}: initialisation does not apply to loaded weights")
     if subject.module is None:
         raise Skip("needs a module with weights")
     n_layers = _n_layers(subject.module)
@@ -112,6 +112,16 @@ def init(subject, options) -> Outcome:
     return Outcome(status, "; ".join(parts), details)
 
 
+def _on_text(subject, options) -> list[tuple[str, object]]:
+    """(layer, metrics) of the user's text, gathered exactly as the report's table is (its collect())."""
+    from attnkit.diagnostics.report.collect import collect
+
+    tokens = options.text.reshape(1, -1).to(model_device(subject))  # (1, L)
+    data = collect(subject.module, tokens, [str(t) for t in tokens[0].tolist()], thresholds=options.thresholds)
+    return [(layer.name, head_metrics(layer.weights[None], None if layer.allowed is None else layer.allowed[None]))
+            for layer in data.layers]
+
+
 def _hf_attentions(s, options):
     """(layer name, weights (B, H, L, L), allowed) from a Hugging Face model run with eager attention."""
     model = s.module
@@ -134,7 +144,10 @@ def attention_health(subject, options) -> Outcome:
         raise Skip("needs a model to run on a sample input (a bare function has no weights to watch)")
     s = subject.cast(torch.float32)
     per_layer = []
-    if subject.kind == "huggingface":
+    on = f"random inputs ({options.batch} x {options.seq_len})"
+    if options.text is not None and subject.kind in ("attnkit-model", "huggingface"):
+        per_layer, on = _on_text(subject, options), options.text_note or f"the given text ({options.text.numel()} tokens)"
+    elif subject.kind == "huggingface":
         for layer, w, allowed in _hf_attentions(s, options):
             per_layer.append((layer, head_metrics(w, allowed)))
     else:
@@ -144,7 +157,7 @@ def attention_health(subject, options) -> Outcome:
             per_layer.append((layer or "<module>", record_metrics(records[-1])))
     if not per_layer:
         raise Skip("no attention call was observed (the module does not run attnkit.attention)")
-    t = HealthThresholds()
+    t = options.thresholds or HealthThresholds()
     collapsed, uniform, leaks = [], [], []
     n_heads = 0
     details = {}
@@ -158,21 +171,23 @@ def attention_health(subject, options) -> Outcome:
             collapsed.append(f"{layer} heads {hs}")
         if hs := [h for h, v in enumerate(verdicts) if v == "uniform"]:
             uniform.append(f"{layer} heads {hs}")
+    details["measured_on"] = on
+    on = f" (measured on {on})"
     if leaks:
-        return Outcome(FAIL, f"probability on masked keys or NaN weights in {leaks}", details)
+        return Outcome(FAIL, f"probability on masked keys or NaN weights in {leaks}{on}", details)
     parts = []
     if collapsed:
         parts.append(f"collapsed (max prob >= {t.collapsed_max_prob}): " + "; ".join(collapsed))
     if uniform:
         parts.append(f"uniform (entropy >= {t.uniform_norm_entropy} log n): " + "; ".join(uniform))
     if collapsed:
-        return Outcome(WARN, "; ".join(parts), details)
+        return Outcome(WARN, "; ".join(parts) + on, details)
     if uniform and not options.fresh:
-        return Outcome(WARN, "; ".join(parts) + " (expected only at initialisation)", details)
+        return Outcome(WARN, "; ".join(parts) + " (expected only at initialisation)" + on, details)
     if uniform:
-        return Outcome(PASS, f"{len(per_layer)} layers, {n_heads} heads: near uniform, as expected at initialisation",
-                       details)
-    return Outcome(PASS, f"{len(per_layer)} layers, {n_heads} heads, none collapsed or uniform", details)
+        return Outcome(PASS, f"{len(per_layer)} layers, {n_heads} heads: near uniform, as expected at initialisation"
+                       + on, details)
+    return Outcome(PASS, f"{len(per_layer)} layers, {n_heads} heads, none collapsed or uniform" + on, details)
 
 
 @check("overfit", "overfit 10 samples",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch import nn
 
 from attnkit.diagnostics.capture import capture
 from attnkit.diagnostics.checks.base import (
@@ -20,6 +21,7 @@ from attnkit.diagnostics.checks.base import (
     Options,
     Outcome,
     Skip,
+    all_finite,
     check,
     fn_inputs,
     gen,
@@ -29,6 +31,7 @@ from attnkit.diagnostics.checks.base import (
     sample_inputs,
     tokens_for,
 )
+from attnkit.diagnostics.checks.leaks import embedding_probe
 from attnkit.diagnostics.subjects import attnkit_attention_modules
 from attnkit.functional.reference import reference_attention
 
@@ -193,6 +196,9 @@ def _bad_rows(t: torch.Tensor, dim: int) -> list[int]:
 
 
 def _finite_model(subject, options: Options, dtype) -> str | None:
+    """None if the outputs (hidden states, and the head's logits at a few positions) and the gradients of every
+    parameter are finite in ``dtype`` with fully masked rows; else what went wrong. Token embeddings are probed
+    at their output (the table's gradient is a scatter of it), so the V-wide tables are never scanned."""
     s = subject.cast(dtype)
     L = options.seq_len
     if s.lm is not None:
@@ -202,19 +208,29 @@ def _finite_model(subject, options: Options, dtype) -> str | None:
         key_is_real[0, :3] = False  # left padding: the pad queries see no key under a causal mask
         key_is_real[1, :] = False  # a fully padded row
         positions = (key_is_real.long().cumsum(1) - 1).clamp_min(0)
-        out = s.lm.forward(tokens, key_is_real=key_is_real, positions=positions if s.lm.supports_positions else None)
+        with embedding_probe(s.module, tokens.shape) as leaves:
+            out = s.lm.per_position(tokens, key_is_real=key_is_real,
+                                    positions=positions if s.lm.supports_positions else None)  # (2, L, E|V)
+        if s.lm.hidden is not None and s.lm.head is not None:
+            few = torch.tensor(sorted({0, 3, L // 2, L - 1}), device=dev)  # a few positions of the LM head
+            logits = s.lm.head(out[:, few])  # (2, n, V)
+            if not all_finite(logits):
+                return f"non-finite logits at positions {_bad_rows(logits, 1)} of {few.tolist()}"
         loss_part = out[0, 3:]
     else:
         x = sample_inputs(s, options, dtype=dtype)
         mask = torch.ones(L, L, dtype=torch.bool, device=x.device).tril()
         mask[L // 2] = False  # a fully masked row
         out = s.seq(x, mask)
-        loss_part = out
-    if not torch.isfinite(out).all():
+        loss_part, leaves = out, []
+    if not all_finite(out):
         return f"non-finite output at positions {_bad_rows(out, 1)}"
-    s.module.zero_grad(set_to_none=True)
-    loss_part.float().sum().backward()
-    bad = [n for n, p in s.module.named_parameters() if p.grad is not None and not torch.isfinite(p.grad).all()]
+    tables = {id(m.weight) for m in s.module.modules() if isinstance(m, nn.Embedding)}
+    named = [(n, p) for n, p in s.module.named_parameters() if p.requires_grad and id(p) not in tables]
+    grads = torch.autograd.grad(loss_part.float().sum(), [p for _, p in named] + list(leaves), allow_unused=True)
+    bad = [n for (n, _), g in zip(named, grads) if g is not None and not all_finite(g)]
+    if leaves and grads[-1] is not None and not all_finite(grads[-1]):
+        bad.append("token embeddings")
     if bad:
         return f"non-finite gradients in {bad[:3]}"
     return None
@@ -231,6 +247,8 @@ def _unsupported_kernel(exc: Exception) -> bool:
 def low_precision(subject, options) -> Outcome:
     if subject.seq is not None or subject.lm is not None:
         run, where = (lambda dt: _finite_model(subject, options, dt)), "model"
+        if subject.lm is not None and subject.lm.hidden is not None:  # what _finite_model reads
+            where += " (hidden states" + (", the LM head at a few positions)" if subject.lm.head is not None else ")")
     elif subject.fn is not None:
         run, where = (lambda dt: _finite_fn(subject.fn, options, dt)), "function"
     else:
@@ -239,7 +257,7 @@ def low_precision(subject, options) -> Outcome:
     skipped: list[str] = []
     for dtype in DTYPES:
         name = str(dtype).replace("torch.", "")
-        if where == "model" and subject.rebuild is None and dtype != torch.float32:
+        if where.startswith("model") and subject.rebuild is None and dtype != torch.float32:
             skipped.append(name)  # an adapter subject can't be copied into another dtype
             continue
         try:
@@ -277,6 +295,20 @@ def _rule(out: torch.Tensor, ref: torch.Tensor, golden: torch.Tensor, factor: fl
     return bool(torch.isfinite(out).all()) and err <= factor * ref_err + floor, err, ref_err
 
 
+def _not_here(name: str, device: torch.device, pinned: list[str]) -> str | None:
+    """Why backend ``name`` is left out of the comparison on ``device`` (None: it is compared). Flex compiles for
+    seconds per shape on CPU; it is compared there only when the model pins it or CPU compiling is allowed,
+    which is when the model would ever run it."""
+    if name != "flex" or device.type != "cpu" or "flex" in pinned:
+        return None
+    from attnkit.backends.flex import cpu_compile_allowed
+
+    if cpu_compile_allowed():
+        return None
+    return ("not compared on CPU: flex compiles for seconds per shape there and the model does not use it (it is "
+            "compared when the model pins backend='flex' or after ak.backends.flex.allow_cpu_compile())")
+
+
 def _set_backends(module, name: str) -> list[str]:
     mods = [m for _, m in attnkit_attention_modules(module)]
     old = [m.backend for m in mods]
@@ -302,6 +334,9 @@ def backend_agreement(subject, options) -> Outcome:
                 golden = run_main(s64, inputs.double() if inputs.is_floating_point() else inputs).double()
                 ref = run_main(s32, inputs)
                 for name in attnkit.backends.available():
+                    if (why := _not_here(name, inputs.device, old32)) is not None:
+                        results[name] = {"served": False, "why": why}
+                        continue
                     _set_backends(s32.module, name)
                     try:
                         out = run_main(s32, inputs)
@@ -318,11 +353,11 @@ def backend_agreement(subject, options) -> Outcome:
     elif subject.kind == "huggingface":
         s64, s32 = subject.cast(torch.float64), subject.cast(torch.float32)
         inputs = sample_inputs(s32, options)
+        originals = [(m, m.config._attn_implementation) for m in (s64.module, s32.module)]  # either may be yours
         with torch.no_grad():
-            s64.module.set_attn_implementation("eager")
-            golden = run_main(s64, inputs).double()
-            original = s32.module.config._attn_implementation
             try:
+                s64.module.set_attn_implementation("eager")
+                golden = run_main(s64, inputs).double()
                 s32.module.set_attn_implementation("eager")
                 ref = run_main(s32, inputs)
                 for name in _hf_implementations():
@@ -330,7 +365,8 @@ def backend_agreement(subject, options) -> Outcome:
                     ok, err, ref_err = _rule(run_main(s32, inputs), ref, golden)
                     results[name] = {"served": True, "ok": ok, "err": err, "ref_err": ref_err}
             finally:
-                s32.module.set_attn_implementation(original)
+                for module, original in originals:
+                    module.set_attn_implementation(original)
         what = "Hugging Face attention implementations vs float64 eager"
     elif subject.fn is not None and subject.kind == "function":
         g = gen(options, 11)
@@ -352,8 +388,10 @@ def backend_agreement(subject, options) -> Outcome:
     served = {n: r for n, r in results.items() if r.get("served")}
     text = ", ".join(f"{n} {r['err']:.1e}" for n, r in served.items())
     ref_err = max(r["ref_err"] for r in served.values())
-    unserved = [n for n, r in results.items() if not r.get("served")]
+    unserved = [n for n, r in results.items() if not r.get("served") and not r["why"].startswith("not compared")]
+    left_out = [n for n, r in results.items() if not r.get("served") and r["why"].startswith("not compared")]
     extra = f"; {', '.join(unserved)} can't serve it" if unserved else ""
+    extra += "".join(f"; {n} {results[n]['why']}" for n in left_out)
     if bad:
         return Outcome(FAIL, f"{', '.join(bad)} outside 2x the reference error ({what}: {text}; float32 reference "
                        f"{ref_err:.1e}){extra}", results)

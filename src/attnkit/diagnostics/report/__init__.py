@@ -146,7 +146,8 @@ def report(model: nn.Module, tokens, *, out: str | Path | None = "attention_repo
     if doctor is True:
         from attnkit.diagnostics.doctor import examine
 
-        doctor_dict = examine(model, fresh=fresh, name=title or type(model).__name__).to_dict()
+        doctor_dict = examine(model, fresh=fresh, name=title or type(model).__name__, text=ids, thresholds=thresholds,
+                              text_note=f"the report's text, {ids.shape[1]} tokens").to_dict()
     records = metrics
     if isinstance(metrics, (str, Path)):
         from attnkit.runs.read import read_metrics

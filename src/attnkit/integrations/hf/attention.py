@@ -45,7 +45,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     mask, bias, q_pos, kv_pos = _mask_and_bias(module, query, key, attention_mask, is_causal)
     if position_bias is not None:
         bias = position_bias if bias is None else bias + position_bias
-    want_weights = bool(kwargs.get("output_attentions", False))
+    want_weights = _wants_weights(module, kwargs)
     result = attention(query, key, value, mask, bias=bias, scale=scaling, softcap=softcap,
                        dropout_p=float(dropout or 0.0), q_positions=q_pos, kv_positions=kv_pos,
                        backend=getattr(module, "attnkit_backend", "auto"), return_weights=want_weights,
@@ -69,7 +69,10 @@ def set_backend(model: torch.nn.Module, backend: str = "auto") -> torch.nn.Modul
 def _mask_and_bias(module, query, key, attention_mask, is_causal):
     """``(mask, bias, q_positions, kv_positions)`` for :func:`attnkit.attention` from what the layer passed."""
     if isinstance(attention_mask, HFMask):
-        return attention_mask.spec, None, attention_mask.q_positions, attention_mask.kv_positions
+        mask = attention_mask.for_layers(query.shape[0])
+        if isinstance(mask, masks.PreparedMask):
+            return mask, None, None, None  # the prepared positions are the call's
+        return mask, None, attention_mask.q_positions, attention_mask.kv_positions
     if attention_mask is None:  # a model that builds no mask: causal unless the layer says otherwise (as SDPA)
         causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
         return (masks.causal() if causal and query.shape[2] > 1 else None), None, None, None
@@ -83,6 +86,15 @@ def _mask_and_bias(module, query, key, attention_mask, is_causal):
         f"attention_mask must be what the 'attnkit' mask interface builds, None, or a 4-D bool/float tensor, got "
         f"{describe(attention_mask)}; load the model with attn_implementation='attnkit' (after importing "
         "attnkit.integrations.hf) so transformers builds its masks through attnkit.")
+
+
+def _wants_weights(module, kwargs: dict) -> bool:
+    """The call's ``output_attentions``, else the model config's: transformers collects the weights a layer
+    returns when either asks, and passes only the call's flag down (sdpa warns that it has none; attnkit has)."""
+    flag = kwargs.get("output_attentions")
+    if flag is None:
+        flag = getattr(getattr(module, "config", None), "output_attentions", False)
+    return bool(flag)
 
 
 def _refuse_unsupported(module, kwargs: dict) -> None:

@@ -81,7 +81,8 @@ def check_weights(auto, config, folder: Path, dtype: torch.dtype = torch.float32
     """Before a model is built from ``folder``: refuse a folder without weight files, and a model larger than the
     memory available here, saying the size in both cases. Returns the bytes the weights take in ``dtype``."""
     with torch.device("meta"):  # the architecture without memory: its parameter count
-        params = sum(p.numel() for p in auto.from_config(config, trust_remote_code=False).parameters())
+        model = auto.from_config(config, trust_remote_code=False) if hasattr(auto, "from_config") else auto(config)
+        params = sum(p.numel() for p in model.parameters())
     need = params * dtype.itemsize
     size = f"{params:,} parameters, {need / 2**30:.2f} GiB in {str(dtype).removeprefix('torch.')}"
     if not has_weights(folder):

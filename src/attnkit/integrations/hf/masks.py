@@ -23,7 +23,7 @@ Shape legend: B batch, Lq queries of this call, Lk keys of this call (cache incl
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -48,6 +48,21 @@ class HFMask:
     q_len: int
     kv_len: int
     dense_reason: str | None = None
+    _prepared: dict = field(default_factory=dict, compare=False, repr=False)  # batch -> PreparedMask
+
+    def for_layers(self, batch: int) -> masks.PreparedMask | masks.MaskSpec | None:
+        """The mask every layer of this forward passes to ``ak.attention``: prepared once, on the first layer's
+        call (bound to the positions, its dense form and plans built once, not once per layer), for ``batch`` rows.
+
+        While torch.compile traces the forward this is the expression itself: the compiled graph binds it, and
+        nothing is stored on an object the graph receives as an input."""
+        if self.spec is None or torch.compiler.is_compiling():
+            return self.spec
+        if batch not in self._prepared:
+            q_pos = self.q_len if self.q_positions is None else self.q_positions  # (B|1, Lq) or the length
+            kv_pos = self.kv_len if self.kv_positions is None else self.kv_positions  # (B|1, Lk) or the length
+            self._prepared[batch] = masks.prepare(self.spec, q_pos, kv_pos, batch)
+        return self._prepared[batch]
 
     # transformers' modeling code sometimes reads a mask's shape/device (e.g. to slice it); answer like a 4-D mask
     @property
@@ -81,18 +96,19 @@ def mask_interface(batch_size: int, q_length: int, kv_length: int, q_offset=0, k
                 f"but this call has Lq={q_length}, Lk={kv_length}; pass the 2-D padding mask (B, L) instead and let "
                 "the model build the mask.")
         return attention_mask
-    q_offset, kv_offset = int(q_offset), int(kv_offset)  # a StaticCache passes a 0-d tensor
+    kv_offset = int(kv_offset)
     mask_function = causal_mask_function if mask_function is None else mask_function
     reader = _Reader(device)
     spec = reader.read(mask_function)
-    q_idx = torch.arange(q_length, device=device) + q_offset  # (Lq,) cache indices of the queries
-    kv_idx = torch.arange(kv_length, device=device) + kv_offset  # (Lk,)
     if reader.position_ids is not None:  # packed rows: HF remaps indices to position_ids (Lq == Lk, no cache)
         q_pos = kv_pos = reader.position_ids.to(device).long().expand(batch_size, -1)  # (B, L)
-    elif kv_offset == 0 and q_offset == kv_length - q_length:
+    elif _default_positions(q_offset, kv_offset, q_length, kv_length):
         q_pos = kv_pos = None  # attnkit's defaults: keys arange(Lk), queries the last Lq of them
     else:
-        q_pos, kv_pos = q_idx[None], kv_idx[None]  # (1, Lq), (1, Lk)
+        q_pos = (torch.arange(q_length, device=device) + q_offset)[None]  # (1, Lq) cache indices of the queries
+        kv_pos = (torch.arange(kv_length, device=device) + kv_offset)[None]  # (1, Lk)
+    if q_pos is None and q_length == 1 and isinstance(spec, masks.Causal):
+        spec = None  # one new token on default positions sees every key: no mask to build, bind or check per layer
     if reader.unknown:
         why = f"mask function {reader.unknown} has no attnkit form"
         dense = sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
@@ -103,6 +119,17 @@ def mask_interface(batch_size: int, q_length: int, kv_length: int, q_offset=0, k
                              kv_length, kv_offset, prepare_padding_mask)
     return _with_padding(HFMask(spec, q_pos, kv_pos, q_length, kv_length), attention_mask, kv_length, kv_offset,
                          prepare_padding_mask)
+
+
+def _default_positions(q_offset, kv_offset: int, q_length: int, kv_length: int) -> bool:
+    """Whether the call's cache indices are attnkit's default positions, so none need passing.
+
+    A compileable (static) cache passes ``q_offset`` as a 0-d tensor, so that reading it costs no host sync and
+    no graph break: its calls always get explicit positions, and the mask keeps one structure at every decode
+    step (it used to drop them at the step where the cache fills, and a compiled forward compiled again)."""
+    if isinstance(q_offset, torch.Tensor):
+        return False
+    return kv_offset == 0 and q_offset == kv_length - q_length
 
 
 def _with_padding(mask: HFMask, attention_mask, kv_length: int, kv_offset: int, prepare) -> HFMask:
@@ -139,8 +166,8 @@ class _Reader:
         if name == "sliding_window_overlay.<locals>.inner_mask":
             return _WindowOverlay(int(cells["sliding_window"]))
         if name == "sliding_window_bidirectional_overlay.<locals>.inner_mask":
-            w = int(cells["sliding_window"])  # |q - kv| <= w
-            return masks.custom(lambda b, h, q, kv: (q - kv).abs() <= w, name=f"two_sided_window({w})")
+            w = int(cells["sliding_window"])  # |q - kv| <= w: q - w <= kv <= q + w
+            return masks.sliding_window(w, w)
         if name == "chunked_overlay.<locals>.inner_mask":
             return _chunked(int(cells["chunk_size"]), cells["left_padding"])
         if name == "padding_mask_function.<locals>.inner_mask":
