@@ -6,7 +6,7 @@ to get it back, by every reader that finds no checkpoint, and --resume puts it b
 import shutil
 
 import pytest
-from train_helpers import small_config
+from train_helpers import copy_run, quiet, small_config, trained_run
 
 from attnkit.cli.main import main
 from attnkit.runs import write as ckpt
@@ -14,22 +14,16 @@ from attnkit.runs.folder import RunFolderError
 from attnkit.training import train
 from attnkit.training.metrics import read_metrics
 
-
-def _quiet(*args, **kwargs):
-    pass
+_quiet = quiet
 
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
-    run = tmp_path_factory.mktemp("interrupted") / "run"
-    train(small_config(run, steps=8, ckpt_every=4), log=_quiet)
-    return run
+    return trained_run(tmp_path_factory, "interrupted", steps=8, ckpt_every=4)
 
 
 def _copy(run, tmp_path):
-    copy = tmp_path / "run"
-    shutil.copytree(run, copy, ignore=shutil.ignore_patterns(".attnkit.lock"))
-    return copy
+    return copy_run(run, tmp_path, "run")
 
 
 def test_a_run_stopped_before_its_first_checkpoint_is_not_replaced_without_overwrite(trained, tmp_path):

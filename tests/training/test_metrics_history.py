@@ -3,30 +3,22 @@
 report, a resume, the loss plot) instead of crashing it."""
 
 import json
-import shutil
 
 import pytest
-from train_helpers import small_config
+from train_helpers import copy_run, small_config, trained_run
 
 from attnkit.cli.main import main
 from attnkit.runs.read import read_metrics
 from attnkit.training import train
 
 
-def _quiet(*args, **kwargs):
-    pass
-
-
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
-    run_dir = tmp_path_factory.mktemp("history") / "run"
-    train(small_config(run_dir, steps=8, ckpt_every=8), log=_quiet)
-    return run_dir
+    return trained_run(tmp_path_factory, "history", steps=8, ckpt_every=8)
 
 
 def _copy_with_lines(run, tmp_path, replace: dict[int, str]):
-    copy = tmp_path / "copy"
-    shutil.copytree(run, copy, ignore=shutil.ignore_patterns(".attnkit.lock"))
+    copy = copy_run(run, tmp_path)
     lines = (copy / "metrics.jsonl").read_text().splitlines()
     for index, text in replace.items():
         lines[index] = text
