@@ -8,6 +8,7 @@
     torchrun --nproc-per-node 2 -m attnkit.cli.main train ...   # DistributedDataParallel, one shard per rank
 
 A run folder is locked while it trains; a user error prints its message and exits 2 (``--debug``: traceback).
+Ctrl-C or SIGTERM checkpoints the current step, prints the resume command and exits 128 + the signal.
 """
 
 from __future__ import annotations
