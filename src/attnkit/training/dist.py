@@ -190,4 +190,3 @@ def barrier(ctx: DistContext) -> None:
 def shutdown(ctx: DistContext) -> None:
     if ctx.enabled and dist.is_initialized():
         dist.destroy_process_group()
-
