@@ -48,11 +48,12 @@ def test_the_wheel_holds_the_package_data_and_the_entry_point(installed):
     with zipfile.ZipFile(wheel) as z:
         names = set(z.namelist())
         entry_points = z.read(f"attnkit-{attnkit.__version__}.dist-info/entry_points.txt").decode()
-    data = {str(p.relative_to(ROOT / "src")) for p in (ROOT / "src").rglob("*")
+    package = ROOT / "src" / "attnkit"  # not src/*.egg-info, which `pip install -e` leaves beside it
+    data = {str(p.relative_to(ROOT / "src")) for p in package.rglob("*")
             if p.is_file() and p.suffix not in (".py", ".pyc")}
     assert {"attnkit/diagnostics/report/report.js", "attnkit/diagnostics/report/report.css"} <= data
     assert data <= names, f"files of the package missing from the wheel: {sorted(data - names)}"
-    py = {str(p.relative_to(ROOT / "src")) for p in (ROOT / "src").rglob("*.py")}
+    py = {str(p.relative_to(ROOT / "src")) for p in package.rglob("*.py")}
     assert py <= names, f"modules missing from the wheel: {sorted(py - names)[:5]}"
     assert "attnkit = attnkit.cli.main:main" in entry_points
 

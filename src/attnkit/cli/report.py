@@ -24,7 +24,8 @@ def add_parser(sub) -> None:
                                   "hf-gpt2-tiny / hf-llama-tiny / hf-bert-tiny")
     p.add_argument("--text", default=DEFAULT_TEXT, help="the input to look at")
     p.add_argument("--out", type=Path, default=None,
-                   help="the .html to write (default: report.html in a run folder, else attention_report.html)")
+                   help="the .html to write (default: report.html in a run folder, report-step_N.html there for one of "
+                        "its checkpoints, else attention_report.html)")
     p.add_argument("--title", default=None, help="the page title (default: attnkit report: TARGET)")
     p.add_argument("--encoder", action="store_true", help="build the preset as a bidirectional encoder")
     p.add_argument("--no-doctor", action="store_true", help="leave the doctor's checks out (faster)")
@@ -33,7 +34,14 @@ def add_parser(sub) -> None:
     p.add_argument("--max-tokens", type=int, default=None,
                    help="longer inputs are refused (default 2048: the report holds 4 L^2 bytes per head and layer)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--overwrite", action="store_true", help="replace an existing --out that is not an attnkit report")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --out that is not an attnkit report, or a symbolic link (never its target)")
+    p.add_argument("--compare", default=None, metavar="CKPT",
+                   help="a second checkpoint of the same model (e.g. an earlier step of the run): the page shows its "
+                        "attention beside the target's, head by head")
+    p.add_argument("--heads", choices=["zero", "mean"], default=None, metavar="ABLATION",
+                   help="add the head-importance panel: each head removed in turn (zero or mean ablation), the loss "
+                        "change on the text (as `attnkit heads`; one forward per head)")
     p.set_defaults(run=run)
 
 
@@ -42,15 +50,18 @@ def run(args) -> int:
 
     import torch
 
-    from attnkit.diagnostics.report import MAX_TOKENS, check_length, report, shown, tokenize
+    from attnkit.diagnostics.report import MAX_TOKENS, check_length, check_out, report, shown, tokenize
     from attnkit.diagnostics.report.encode import human_bytes
+    from attnkit.diagnostics.report.out import check_text
     from attnkit.runs import locate, open_source
 
+    for flag in ("target", "text", "title", "compare", "out"):  # undecodable bytes: one typed line, no traceback
+        if getattr(args, flag) is not None:
+            check_text(f"--{flag}" if flag != "target" else "TARGET", str(getattr(args, flag)))
     target = locate(args.target)
     metrics = target.metrics
-    out = args.out or (target.path / "report.html" if metrics is not None and target.path.is_dir()
-                       else Path("attention_report.html"))
-    check_out(out, args.overwrite)  # before the model loads: a typo costs nothing
+    out = args.out or default_out(target)
+    check_out(out, args.overwrite)  # the library's rules, before the model loads: a typo costs nothing
     torch.manual_seed(args.seed)
     start = time.perf_counter()
     source = open_source(target, encoder=args.encoder)
@@ -70,33 +81,44 @@ def run(args) -> int:
                          text=ids if args.text else None, text_note=f"the report's text, {ids.shape[1]} tokens",
                          progress=progress_printer()).to_dict()
         doctor_s = time.perf_counter() - loaded
-    path = report(model, ids, labels=labels, out=out, doctor=doctor, fresh=fresh, metrics=metrics, title=title,
-                  dense_max=args.dense_max, top_k=args.top_k,
-                  max_tokens=max_tokens)
+    compare, importance, extra_s = _extras(args, model, ids)
+    path = report(model, ids, labels=labels, out=out, overwrite=args.overwrite, doctor=doctor, fresh=fresh,
+                  metrics=metrics, title=title, dense_max=args.dense_max, top_k=args.top_k, max_tokens=max_tokens,
+                  compare=compare, names=(args.target, args.compare or "compare"), head_importance=importance)
     done = time.perf_counter()
     print(f"shown: {shown(ids.shape[1], args.dense_max, args.top_k)}")
     print(f"time: {done - start:.1f} s (loading {loaded - start:.1f} s, "
           + (f"doctor {doctor_s:.1f} s (--no-doctor leaves it out), " if doctor else "")
-          + f"attention and page {done - loaded - doctor_s:.1f} s)")
+          + (f"compare and heads {extra_s:.1f} s, " if extra_s else "")
+          + f"attention and page {done - loaded - doctor_s - extra_s:.1f} s)")
     print(f"wrote {path} ({human_bytes(path.stat().st_size)}); open it in a browser: {path.resolve().as_uri()}")
     return 0
 
 
-def check_out(out: Path, overwrite: bool) -> None:
-    """Refuse an ``--out`` that would destroy something: a folder, a name without ``.html``, or an existing file
-    that is not an attnkit report (a model's weights, a config) unless ``overwrite``. An earlier report is
-    replaced."""
-    from attnkit.diagnostics.report.page import CSP
-    from attnkit.errors import AttnkitValueError
+def default_out(target) -> Path:
+    """``report.html`` in a trained run's folder; ``report-step_N.html`` beside the checkpoint of a run (in the run
+    folder: a checkpoint folder is deleted with everything in it when it is pruned); else
+    ``attention_report.html`` here."""
+    run_dir = target.run_dir
+    if run_dir is None or target.metrics is None:
+        return Path("attention_report.html")
+    return run_dir / ("report.html" if target.kind == "run" else f"report-{target.path.name}.html")
 
-    if out.is_dir():
-        raise AttnkitValueError(f"--out {str(out)!r} is a folder; give a file name such as {str(out / 'report.html')!r}.")
-    if out.suffix.lower() not in (".html", ".htm"):
-        raise AttnkitValueError(f"--out {str(out)!r} does not end in .html; the report is an HTML page: use e.g. "
-                                f"{str(out.with_suffix('.html'))!r}.")
-    if out.exists() and not overwrite:
-        with open(out, "rb") as f:
-            head = f.read(4096)
-        if f'content="{CSP}"'.encode() not in head:
-            raise AttnkitValueError(f"--out {str(out)!r} exists and is not an attnkit report; pick another --out, or "
-                                    "pass --overwrite to replace it.")
+
+def _extras(args, model, ids):
+    """``(compare model or None, head importance or None, seconds)``: what ``--compare`` and ``--heads`` add."""
+    import time
+
+    import torch
+
+    from attnkit.runs import open_source
+
+    start, compare, importance = time.perf_counter(), None, None
+    if args.compare is not None:
+        torch.manual_seed(args.seed)
+        compare = open_source(args.compare, encoder=args.encoder).model
+    if args.heads is not None:
+        from attnkit.diagnostics.importance import head_importance
+
+        importance = head_importance(model, ids, ablation=args.heads)
+    return compare, importance, (time.perf_counter() - start if compare is not None or importance is not None else 0.0)

@@ -96,3 +96,88 @@ def test_report_on_the_real_minilm_matches_its_eager_weights(tmp_path, capsys):
         for h in (0, 11):
             err = np.abs(decode_head(blob, meta["layers"][l]["heads"][h], meta["L"]) - eager[l][0, h].double().numpy()).max()
             assert err <= 0.5 * STEP + 1e-5, f"layer {l} head {h}: {err:.3g}"
+
+
+def test_report_compare_shows_an_earlier_checkpoint_of_the_run(tmp_path, capsys):
+    """``--compare CKPT``: the page holds the earlier checkpoint's weights, head by head, beside the newest's."""
+    import numpy as np
+    import torch
+
+    from attnkit.diagnostics.report import tokenize
+    from attnkit.diagnostics.report.encode import STEP, decode_head
+    from attnkit.models.builders import build_lm
+    from attnkit.runs import write as checkpoint
+    from conftest import math_weights
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"preset": "nano"}))
+    models = {}
+    for step, seed in ((10, 1), (20, 2)):
+        torch.manual_seed(seed)
+        models[step] = build_lm("nano").eval()
+        checkpoint.save_checkpoint(run, step, models[step], None, {"model_config": models[step].config.to_dict()})
+    early = run / "checkpoints" / "step_00000010"
+    out = tmp_path / "cmp.html"
+    assert main(["report", str(run), "--compare", str(early), "--text", "abcabc", "--no-doctor", "--out", str(out)]) == 0
+    page = out.read_text()
+    meta, blob = read_page(page)
+    assert meta["names"] == [str(run), str(early)] and f"Comparison: {run} vs {early}" in page
+    tokens, _ = tokenize(models[10], "abcabc")
+    for step, heads in ((20, [layer["heads"] for layer in meta["layers"]]), (10, meta["compare"]["heads"])):
+        golden = math_weights(models[step], tokens)
+        for l in range(2):
+            for h in range(2):
+                err = np.abs(decode_head(blob, heads[l][h], meta["L"]) - golden[l][h].numpy()).max()
+                assert err <= 0.5 * STEP + 1e-6, (step, l, h, err)
+
+
+def test_report_compare_refuses_a_model_of_another_shape(tmp_path, capsys):
+    assert main(["report", "nano", "--compare", "tiny", "--text", "abc", "--no-doctor", "--out",
+                 str(tmp_path / "r.html")]) == 2
+    assert "compare has other attention layers than model" in capsys.readouterr().err
+    assert not (tmp_path / "r.html").exists()
+
+
+def test_report_heads_adds_the_importance_panel(tmp_path, capsys):
+    """``--heads zero``: the panel holds ``ak.diagnostics.head_importance`` of the target on the same tokens."""
+    import re
+
+    import torch
+
+    import attnkit as ak
+    from attnkit.diagnostics.report import tokenize
+    from attnkit.models.builders import build_lm
+
+    out = tmp_path / "heads.html"
+    assert main(["report", "nano", "--heads", "zero", "--text", "hello there", "--no-doctor", "--out", str(out)]) == 0
+    assert "compare and heads " in capsys.readouterr().out
+    torch.manual_seed(0)  # the CLI's --seed 0: the same fresh weights
+    model = build_lm("nano").eval()
+    tokens, _ = tokenize(model, "hello there")
+    want = ak.diagnostics.head_importance(model, tokens, ablation="zero").scores
+    cells = {(int(l), int(h)): float(s) for l, h, s in
+             re.findall(r'<td data-layer="(\d)" data-head="(\d)" data-score="([^"]+)"', out.read_text())}
+    assert cells == {(l, h): float(want[l, h]) for l in range(2) for h in range(2)}
+
+
+def test_report_of_a_run_never_writes_through_its_report_link(tmp_path, capsys):
+    """Issue 21 item 3 as reported: RUN/report.html -> ~/.bashrc, the default --out of `attnkit report RUN`."""
+    from attnkit.models.builders import build_lm
+    from attnkit.runs import write as checkpoint
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"preset": "nano"}))
+    model = build_lm("nano")
+    checkpoint.save_checkpoint(run, 10, model, None, {"model_config": model.config.to_dict()})
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "loss": 5.0}) + "\n")
+    bashrc = tmp_path / "bashrc"
+    bashrc.write_text("alias ll='ls -l'\n")
+    (run / "report.html").symlink_to(bashrc)
+    assert main(["report", str(run), "--text", "abc", "--no-doctor"]) == 2
+    assert f"out {str(run / 'report.html')!r} is a symbolic link (to {str(bashrc)!r})" in capsys.readouterr().err
+    assert bashrc.read_text() == "alias ll='ls -l'\n" and (run / "report.html").is_symlink()
+    assert main(["report", str(run), "--text", "abc", "--no-doctor", "--overwrite"]) == 0
+    assert bashrc.read_text() == "alias ll='ls -l'\n" and not (run / "report.html").is_symlink()
+    assert (run / "report.html").read_text().startswith("<!DOCTYPE html>")

@@ -2,6 +2,7 @@
 quantisation step, top-k rows state their remaining mass, masks and metrics are the ones attnkit computes."""
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -154,3 +155,86 @@ def build_vocab_model():
     from attnkit.models.builders import build_lm
 
     return build_lm("nano", vocab_size=1000)
+
+
+def _nano():
+    from attnkit.models.builders import build_lm
+
+    return build_lm("nano").eval()
+
+
+class _Scores:
+    def __init__(self, scores, **kw):
+        self.scores, self.objective, self.ablation, self.baseline = scores, "loss", "zero", 1.0
+        for k, v in kw.items():
+            setattr(self, k, v)
+
+
+@pytest.mark.parametrize("obj,error,message", [
+    (object(), TypeError, "head_importance must have .scores (layers, heads), .objective, .ablation and .baseline"),
+    (_Scores([["a", 1.0], [1.0, 2.0]]), ValueError, "head_importance.scores must be a (layers, heads) array of floats"),
+    (_Scores([[1.0, 2.0], [1.0]]), ValueError, "head_importance.scores must be a non-empty (layers, heads) array"),
+    (_Scores([[1.0, 2.0, 3.0]]), ValueError, "head_importance.scores has shape (1, 3) but the model has 2 attention "
+                                             "layers with [2, 2] heads"),
+])
+def test_head_importance_is_checked(obj, error, message):
+    with pytest.raises(error, match=re.escape(message)):
+        ak.diagnostics.report(_nano(), "hi", out=None, doctor=False, head_importance=obj)
+
+
+def test_head_importance_renders_scores_and_escapes_its_strings():
+    page = ak.diagnostics.report(_nano(), "hi", out=None, doctor=False,
+                                 head_importance=_Scores(torch.tensor([[0.5, 2.0], [float("nan"), -1.0]]),
+                                                         objective="<i>loss</i>"))
+    cells = re.findall(r'<td data-layer="(\d)" data-head="(\d)"(?: data-score="([^"]+)")?', page)
+    assert [(int(l), int(h), s) for l, h, s in cells] == [(0, 0, "0.5"), (0, 1, "2.0"), (1, 0, ""), (1, 1, "-1.0")]
+    assert "&lt;i&gt;loss&lt;/i&gt;" in page and "<i>loss" not in page
+
+
+def test_compare_and_names_are_checked():
+    with pytest.raises(TypeError, match=re.escape("report(compare=...) must be a torch.nn.Module (another checkpoint")):
+        ak.diagnostics.report(_nano(), "hi", out=None, doctor=False, compare="runs/x")
+    with pytest.raises(TypeError, match=re.escape("names must be two strings (the model's and compare's), got")):
+        ak.diagnostics.report(_nano(), "hi", out=None, doctor=False, names=("a",))
+
+
+def test_an_out_whose_parent_is_a_file_is_refused(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match=re.escape(f"out {str(tmp_path / 'file' / 'r.html')!r} cannot be used: ")):
+        ak.diagnostics.report(_nano(), "hi", out=tmp_path / "file" / "r.html", doctor=False)
+
+
+def test_trained_length_warning_only_past_the_configs_length():
+    import warnings
+
+    from attnkit.diagnostics.report import trained_length
+
+    model = _nano()
+    assert trained_length(model) == 128
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ak.diagnostics.report(model, "x" * 128, out=None, doctor=False)  # at the length: no warning
+    with pytest.warns(UserWarning, match="the text has 129 tokens, more than the 128 TransformerLM was built for"):
+        page = ak.diagnostics.report(model, "x" * 129, out=None, doctor=False)
+    assert 'id="length-warning"' in page
+
+
+def test_the_real_head_importance_renders_in_the_panel():
+    """``ak.diagnostics.head_importance`` (the heads engineer's) goes into the report as it comes."""
+    model = small_model()
+    tokens, _ = tokenize(model, TEXT)
+    importance = ak.diagnostics.head_importance(model, tokens)
+    page = ak.diagnostics.report(model, TEXT, out=None, doctor=False, head_importance=importance)
+    cells = {(int(l), int(h)): float(s) for l, h, s in
+             re.findall(r'<td data-layer="(\d)" data-head="(\d)" data-score="([^"]+)"', page)}
+    assert cells == {(l, h): float(importance.scores[l, h]) for l in range(3) for h in range(4)}
+    assert f"with every head: {importance.baseline:.4g}" in page and importance.objective in page
+
+
+def test_compare_with_another_mask_is_refused():
+    """The page draws both checkpoints with the model's mask, so a compare model masked otherwise is refused."""
+    from attnkit.models.builders import build_lm
+
+    windowed = build_lm("nano", window=2).eval()
+    with pytest.raises(ValueError, match=re.escape("compare's attention mask in blocks.0.attn differs from model's")):
+        ak.diagnostics.report(_nano(), "hello there", out=None, doctor=False, compare=windowed)

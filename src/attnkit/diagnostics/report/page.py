@@ -14,6 +14,7 @@ from importlib import resources
 
 from attnkit.diagnostics.report.collect import Collected
 from attnkit.diagnostics.report.encode import STEP, Buffer, encode_layer, encode_mask
+from attnkit.diagnostics.report.importance import importance_html
 
 COLUMNS = [("layer", "layer", "int"), ("name", "name", "text"), ("head", "head", "int"), ("kv", "kv head", "int"),
            ("entropy", "entropy (nats)", "num"), ("norm_entropy", "entropy / log n", "num"),
@@ -37,8 +38,10 @@ def metrics_table(data: Collected) -> list[dict]:
     return table
 
 
-def payload(data: Collected, *, dense_max: int = 512, top_k: int = 32) -> tuple[dict, str]:
-    """``(meta, blob)``: the JSON the page reads and the base64 data buffer."""
+def payload(data: Collected, *, dense_max: int = 512, top_k: int = 32, compare: Collected | None = None,
+            names: tuple[str, str] = ("model", "compare")) -> tuple[dict, str]:
+    """``(meta, blob)``: the JSON the page reads and the base64 data buffer. With ``compare``, ``meta["compare"]``
+    holds the second checkpoint's heads (same layout; drawn with the model's mask)."""
     L = len(data.tokens)
     buf, masks, mask_ids = Buffer(), [], {}
     layers, verdicts = [], []
@@ -60,7 +63,10 @@ def payload(data: Collected, *, dense_max: int = 512, top_k: int = 32) -> tuple[
     by_head = [[{k: r[k] for k in layer.metrics} for r in table if r["layer"] == l] for l, layer in enumerate(data.layers)]
     meta = {"L": L, "step": STEP, "labels": data.labels, "ids": data.tokens, "layers": layers, "masks": masks,
             "columns": COLUMNS, "table": table, "metricsByHead": by_head, "verdicts": verdicts,
-            "sparse_top_k": sparse}
+            "sparse_top_k": sparse, "names": list(names), "compare": None}
+    if compare is not None:
+        meta["compare"] = {"heads": [encode_layer(buf, layer.weights, sparse) for layer in compare.layers],
+                           "verdicts": [layer.verdicts for layer in compare.layers]}
     return meta, buf.encoded()
 
 
@@ -68,9 +74,18 @@ def _asset(name: str) -> str:
     return resources.files("attnkit.diagnostics.report").joinpath(name).read_text(encoding="utf-8")
 
 
+#: characters JSON may hold that HTML would read inside a <script> element ("</script>", "<!--" ...)
+_SCRIPT_UNSAFE = {"<": "\\u003c", ">": "\\u003e", "&": "\\u0026", "\u2028": "\\u2028", "\u2029": "\\u2029"}
+
+
 def _script_json(obj) -> str:
-    """JSON safe inside a <script> element (no "</" sequence can close it)."""
-    return json.dumps(obj, separators=(",", ":")).replace("</", "<\\/")
+    """JSON safe inside a <script> element: ``<``, ``>`` and ``&`` (and U+2028/9) are written as ``\\uXXXX``
+    escapes, so no token label ("</script>", "<!--") can close or re-open the element; ``JSON.parse`` reads them
+    back unchanged."""
+    text = json.dumps(obj, separators=(",", ":"))
+    for ch, esc in _SCRIPT_UNSAFE.items():
+        text = text.replace(ch, esc)
+    return text
 
 
 def doctor_html(doctor: dict | None) -> str:
@@ -88,13 +103,15 @@ def doctor_html(doctor: dict | None) -> str:
             f'<th class="text">evidence</th></tr></thead><tbody>{rows}</tbody></table>')
 
 
-def _polyline_svg(series: dict[str, list[tuple[float, float]]], title: str, ylabel: str) -> str:
-    """A small line chart as inline SVG (no script): one coloured polyline per series, with axes and a legend."""
+def _polyline_svg(series: dict[str, list[tuple[float, float]]], title: str, ylabel: str,
+                  hline: tuple[str, float] | None = None) -> str:
+    """A small line chart as inline SVG (no script): one coloured polyline per series, with axes and a legend;
+    ``hline`` (label, y) adds a dashed grey horizontal line (e.g. the unigram baseline)."""
     pts = [p for s in series.values() for p in s]
     if not pts:
         return ""
-    W, H, pad_l, pad_b, pad_t, pad_r = 560, 260, 58, 34, 26, 130
-    xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+    W, H, pad_l, pad_b, pad_t, pad_r = 600, 260, 58, 34, 26, 175
+    xs, ys = [p[0] for p in pts], [p[1] for p in pts] + ([hline[1]] if hline else [])
     x0, x1, y0, y1 = min(xs), max(xs), min(ys), max(ys)
     x1, y1 = (x1 if x1 > x0 else x0 + 1), (y1 if y1 > y0 else y0 + 1)
 
@@ -125,17 +142,34 @@ def _polyline_svg(series: dict[str, list[tuple[float, float]]], title: str, ylab
         ly = pad_t + 14 * i + 6
         parts.append(f'<line x1="{W - pad_r + 10}" y1="{ly}" x2="{W - pad_r + 28}" y2="{ly}" stroke="{colour}" '
                      f'stroke-width="2"/><text x="{W - pad_r + 32}" y="{ly + 4}" font-size="11">{html.escape(name)}</text>')
+    if hline is not None:
+        ly, y = pad_t + 14 * len(series) + 6, Y(hline[1])
+        parts.append(f'<line class="baseline" x1="{pad_l}" y1="{y:.1f}" x2="{W - pad_r}" y2="{y:.1f}" stroke="#777" '
+                     f'stroke-dasharray="5 4" stroke-width="1.5"/><line x1="{W - pad_r + 10}" y1="{ly}" '
+                     f'x2="{W - pad_r + 28}" y2="{ly}" stroke="#777" stroke-dasharray="4 3" stroke-width="2"/>'
+                     f'<text x="{W - pad_r + 32}" y="{ly + 4}" font-size="11">{html.escape(hline[0])}</text>')
     parts.append("</svg>")
     return "".join(parts)
 
 
-def curves_html(records: list[dict] | None) -> str:
-    """Training curves (loss, validation loss) and the attention monitor's verdicts from ``metrics.jsonl``."""
+def _baseline_of(records: list[dict], baseline: float | None) -> float | None:
+    """The unigram baseline: the one given, else the last ``unigram_loss`` a record carries (None if none does)."""
+    if baseline is not None:
+        return float(baseline)
+    found = [r["unigram_loss"] for r in records if isinstance(r.get("unigram_loss"), (int, float))]
+    return float(found[-1]) if found else None
+
+
+def curves_html(records: list[dict] | None, baseline: float | None = None) -> str:
+    """Training curves (loss, validation loss, the unigram baseline) and the attention monitor's verdicts from
+    ``metrics.jsonl``."""
     if not records:
         return ""
     loss = {"train loss": [(r["step"], r["loss"]) for r in records if "loss" in r and "step" in r],
             "validation loss": [(r["step"], r["val_loss"]) for r in records if "val_loss" in r and "step" in r]}
-    out = [_polyline_svg({k: v for k, v in loss.items() if v}, "loss", "cross-entropy (nats/token)")]
+    base = _baseline_of(records, baseline)
+    out = [_polyline_svg({k: v for k, v in loss.items() if v}, "loss", "cross-entropy (nats/token)",
+                         None if base is None else (f"unigram baseline {base:.2f}", base))]
     checks = [r for r in records if "attention" in r and "step" in r]
     if checks:
         counts: dict[str, list] = {}
@@ -170,7 +204,7 @@ TEMPLATE = """<!DOCTYPE html>
 <body>
 <header><h1>{title}</h1><div class="facts">{facts}</div></header>
 <main>
-<div id="error" class="banner" style="display:none"></div>
+<div id="error" class="banner" style="display:none"></div>{warning}
 <section><h2>Input tokens</h2>
 <p class="note">Hover a token: its row (where it attends) and column (what attends to it) light up in the heatmap,
 and the tokens it attends to are shaded.</p><div id="tokens"></div></section>
@@ -197,6 +231,12 @@ and the tokens it attends to are shaded.</p><div id="tokens"></div></section>
 Mask: {mask_note}.</div>
 <div id="tooltip"></div></div>
 </div></section>
+<section id="headview-section"><h2>Head view</h2>
+<p class="note">The open head as lines from each query token (left) to the keys it attends to (right), opacity = weight
+(as BertViz draws it). Hover or click a token on the left to keep only its lines.</p>
+<div id="headview-wrap"><svg id="headview"></svg></div></section>
+{compare}
+{importance}
 <section><h2>Per-head metrics</h2>
 <p class="note">Click a column to sort, a row to open its heatmap. Means over rows with at least two visible keys;
 masked mass is the largest probability on forbidden keys over all rows (must be 0). Verdicts: collapsed when
@@ -213,20 +253,35 @@ mean max p &ge; {collapsed}, uniform when entropy / log n &ge; {uniform}.</p>
 
 
 def render(data: Collected, *, title: str, facts: str, doctor: dict | None = None, records: list[dict] | None = None,
-           dense_max: int = 512, top_k: int = 32, thresholds=None) -> str:
-    """The complete HTML page as a string."""
+           dense_max: int = 512, top_k: int = 32, thresholds=None, compare: Collected | None = None,
+           names: tuple[str, str] = ("model", "compare"), importance=None, warning: str | None = None,
+           baseline: float | None = None) -> str:
+    """The complete HTML page as a string. Every string a model or a user controls (title, facts, names, labels,
+    layer names, doctor text) is escaped: HTML text here, ``\\u003c``-escaped JSON in the data element."""
     from attnkit.diagnostics.metrics import HealthThresholds
 
     thresholds = thresholds or HealthThresholds()
-    meta, blob = payload(data, dense_max=dense_max, top_k=top_k)
+    meta, blob = payload(data, dense_max=dense_max, top_k=top_k, compare=compare, names=names)
     sparse = meta["sparse_top_k"]
     sparse_note = (f'<p class="banner">{len(data.tokens)} tokens: each row keeps its {sparse} largest weights '
                    f'(more than {dense_max} tokens); hovering a cell states the mass a row leaves out.</p>'
                    if sparse else "")
     gqa = any(layer.kv_heads != layer.num_heads for layer in data.layers)
-    curves = curves_html(records)
+    curves = curves_html(records, baseline)
+    a, b = (html.escape(n) for n in names)
+    compare_html = "" if compare is None else (
+        f'<section id="compare-section"><h2>Comparison: {a} vs {b}</h2><p class="note">The open head in both '
+        f'checkpoints on the same tokens (same colour scale and mask), and their difference ({a} minus {b}: red where '
+        f'{a} attends more, blue where {b} does).</p><div class="compare">'
+        f'<figure><figcaption>{a}</figcaption><canvas id="compare-a"></canvas></figure>'
+        f'<figure><figcaption>{b}</figcaption><canvas id="compare-b"></canvas></figure>'
+        f'<figure><figcaption>{a} &minus; {b}</figcaption><canvas id="compare-diff"></canvas></figure></div>'
+        f'<div id="compare-facts" class="note"></div></section>')
     return TEMPLATE.format(
-        csp=CSP, title=html.escape(title), facts=facts, css=_asset("report.css"), js=_asset("report.js"),
+        csp=CSP, title=html.escape(title), facts=html.escape(facts, quote=False),
+        warning=f'<p class="banner" id="length-warning">{html.escape(warning)}</p>' if warning else "",
+        compare=compare_html, importance=importance_html(importance, [layer.name for layer in data.layers]),
+        css=_asset("report.css"), js=_asset("report.js"),
         sparse_note=sparse_note, gqa_note=", query heads boxed by the KV head they share" if gqa else "",
         mask_note=html.escape(data.mask_note), collapsed=thresholds.collapsed_max_prob,
         uniform=thresholds.uniform_norm_entropy, doctor=doctor_html(doctor),

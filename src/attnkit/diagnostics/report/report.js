@@ -33,12 +33,13 @@
   const FORBID = [[168, 168, 168], [196, 196, 196]];
 
   // ---- weights: one decoded (L, L) Float32Array per head; the last few are kept (16 MiB each at 2048 tokens)
+  // (which = 1: the compared checkpoint's head, META.compare)
   const cache = new Map(), CACHE_HEADS = 8;
-  function headData(l, h) {
-    const key = l * 100000 + h;
+  function headData(l, h, which = 0) {
+    const key = (which * 10000 + l) * 100000 + h;
     if (cache.has(key)) { const hit = cache.get(key); cache.delete(key); cache.set(key, hit); return hit; }
     if (cache.size >= CACHE_HEADS) cache.delete(cache.keys().next().value);
-    const hd = META.layers[l].heads[h], w = new Float32Array(L * L);
+    const hd = which ? META.compare.heads[l][h] : META.layers[l].heads[h], w = new Float32Array(L * L);
     let rest = null;
     if (hd.fmt === "dense") {
       const q = u8(hd.w);
@@ -92,7 +93,10 @@
     const row = document.createElement("div");
     row.className = "layer-row"; row.dataset.layer = l;
     const name = document.createElement("div");
-    name.className = "lname"; name.textContent = `L${l} ${layer.name}`; name.title = layer.name;
+    name.className = "lname"; name.title = layer.name;
+    const num = document.createElement("b"), full = document.createElement("span");
+    num.textContent = `L${l}`; full.textContent = layer.name;  // the whole name, wrapped: never cut off
+    name.append(num, full);
     row.appendChild(name);
     const groups = document.createElement("div");
     groups.className = "groups";
@@ -126,14 +130,17 @@
 
   // ---- the heatmap viewer
   const heat = $("heatmap"), overlay = $("overlay"), xl = $("xlabels"), yl = $("ylabels"), cbar = $("colorbar");
-  const SIZE = Math.max(420, Math.min(720, L * 14)), DPR = window.devicePixelRatio || 1;
+  // the heatmap fits the viewer's width (labels 96 px, colour bar 72 px, gaps): no horizontal scrollbar
+  const room = $("viewer").clientWidth - 96 - 72 - 48;
+  const SIZE = Math.max(240, Math.min(720, L * 14, room)), DPR = window.devicePixelRatio || 1;
   heat.width = L; heat.height = L; heat.style.width = heat.style.height = SIZE + "px";
   overlay.width = overlay.height = Math.round(SIZE * DPR); overlay.style.width = overlay.style.height = SIZE + "px";
   const state = { layer: 0, head: 0, row: null, col: null };
 
-  function drawHeat() {
-    const { w, max } = headData(state.layer, state.head), mask = $("show-mask").checked ? maskOf(state.layer, state.head) : null;
-    const ctx = heat.getContext("2d"), img = ctx.createImageData(L, L), d = img.data;
+  // paint one (L, L) head on a canvas of L x L pixels: colour per weight, forbidden cells hatched
+  function paint(canvas, w, max, mask) {
+    if (canvas.width !== L || canvas.height !== L) { canvas.width = L; canvas.height = L; }  // (a resize reallocates)
+    const ctx = canvas.getContext("2d"), img = ctx.createImageData(L, L), d = img.data;
     for (let i = 0; i < L; i++) for (let j = 0; j < L; j++) {
       const p = i * L + j;
       let c;
@@ -142,9 +149,50 @@
       d[4 * p] = c[0]; d[4 * p + 1] = c[1]; d[4 * p + 2] = c[2]; d[4 * p + 3] = 255;
     }
     ctx.putImageData(img, 0, 0);
+  }
+  const shownMask = () => ($("show-mask").checked ? maskOf(state.layer, state.head) : null);
+  function drawHeat() {
+    const { w, max } = headData(state.layer, state.head);
+    paint(heat, w, max, shownMask());
     drawColorbar(max);
+    drawCompare();
   }
 
+  // ---- comparison with a second checkpoint (META.compare): both heads on one scale, and their difference
+  function drawCompare() {
+    if (!META.compare) return;
+    const a = headData(state.layer, state.head), b = headData(state.layer, state.head, 1), mask = shownMask();
+    const max = Math.max(a.max, b.max), CS = Math.max(200, Math.min(380, L * 8));
+    for (const [id, d] of [["compare-a", a], ["compare-b", b]]) {
+      const c = $(id); paint(c, d.w, max, mask); c.style.width = c.style.height = CS + "px";
+    }
+    const c = $("compare-diff");
+    if (c.width !== L || c.height !== L) { c.width = L; c.height = L; }
+    const ctx = c.getContext("2d"), img = ctx.createImageData(L, L);
+    let diffSum = 0;
+    for (let p = 0; p < L * L; p++) {
+      const dv = a.w[p] - b.w[p], t = Math.min(1, Math.sqrt(Math.abs(dv)));
+      diffSum += Math.abs(dv);
+      const forbidden = mask !== null && !mask[p];
+      const rgb = forbidden ? FORBID[0] : dv >= 0 ? [255, Math.round(255 * (1 - t)), Math.round(255 * (1 - t))]
+                                                   : [Math.round(255 * (1 - t)), Math.round(255 * (1 - t)), 255];
+      img.data.set([...rgb, 255], 4 * p);
+    }
+    ctx.putImageData(img, 0, 0); c.style.width = c.style.height = CS + "px";
+    const names = META.names, vb = META.compare.verdicts[state.layer][state.head];
+    $("compare-facts").textContent = `layer ${state.layer} (${META.layers[state.layer].name}), head ${state.head}: ` +
+      `verdict ${META.verdicts[state.layer][state.head]} in ${names[0]}, ${vb} in ${names[1]}; ` +
+      `mean |difference| per query row ${(diffSum / L).toFixed(3)} (of at most 2)`;
+    $("compare-section").dataset.layer = state.layer; $("compare-section").dataset.head = state.head;
+  }
+
+  // "label index" within maxw pixels: a label that does not fit ends in an ellipsis (never silently cut)
+  function fitLabel(ctx, label, suffix, maxw) {
+    if (ctx.measureText(label + suffix).width <= maxw) return label + suffix;
+    let n = label.length;
+    while (n > 1 && ctx.measureText(label.slice(0, n - 1) + "\u2026" + suffix).width > maxw) n--;
+    return label.slice(0, n - 1) + "\u2026" + suffix;
+  }
   function drawLabels() {
     const cell = SIZE / L, every = Math.max(1, Math.ceil(11 / cell)), font = Math.min(11, Math.max(8, cell - 1));
     for (const [c, vertical] of [[xl, true], [yl, false]]) {
@@ -154,7 +202,7 @@
       ctx.setTransform(DPR, 0, 0, DPR, 0, 0); ctx.clearRect(0, 0, W, H);
       ctx.font = `${font}px ui-monospace, Menlo, monospace`; ctx.fillStyle = "#333"; ctx.textBaseline = "middle";
       for (let i = 0; i < L; i += every) {
-        const lab = `${LABELS[i].slice(0, 8)} ${i}`, mid = (i + 0.5) * cell + 1;
+        const lab = fitLabel(ctx, LABELS[i], ` ${i}`, 88), mid = (i + 0.5) * cell + 1;
         ctx.save();
         if (vertical) { ctx.translate(mid, H - 4); ctx.rotate(-Math.PI / 2); ctx.textAlign = "left"; ctx.fillText(lab, 0, 0); }
         else { ctx.textAlign = "right"; ctx.fillText(lab, W - 4, mid); }
@@ -206,13 +254,65 @@
     let text = `query ${i} ${JSON.stringify(LABELS[i])} -> key ${j} ${JSON.stringify(LABELS[j])}: `;
     if (!allowed) text += "forbidden by the mask";
     else if (topk && w[i * L + j] === 0) text += `not in this row's top-${topk} (row mass left out: ${rest[i].toFixed(3)})`;
-    else text += `p = ${w[i * L + j].toFixed(4)}`;
+    else text += `p = ${w[i * L + j].toFixed(3)} (stored to \u00b1${(STEP / 2).toFixed(3)})`;
     return text;
   }
 
+  // ---- head view: lines from each query token (left) to the keys it attends to (right), opacity = weight
+  const hv = $("headview"), SVGNS = hv.namespaceURI, ROW = 18;
+  const longest = Math.min(24, Math.max(...LABELS.map((s) => s.length)));
+  const XL = 24 + 8 * longest, XR = XL + 220, HV_W = XR + XL;  // label column, lines, label column
+  const HV_ALL_MAX = 96;  // longer inputs draw the lines of the chosen query only (L^2 lines would be too many)
+  function svgEl(tag, attrs, text) {
+    const e = document.createElementNS(SVGNS, tag);
+    for (const [k, v] of Object.entries(attrs)) e.setAttribute(k, v);
+    if (text !== undefined) e.textContent = text;
+    return e;
+  }
+  // the token labels are drawn once; each redraw replaces the lines and re-weights the key labels
+  const hvH = L * ROW + 8, hvLines = svgEl("g", { class: "hv-lines" }), hvLeft = [], hvRight = [];
+  hv.setAttribute("width", HV_W); hv.setAttribute("height", hvH); hv.setAttribute("viewBox", `0 0 ${HV_W} ${hvH}`);
+  hv.dataset.xl = XL; hv.dataset.xr = XR;
+  hv.appendChild(hvLines);
+  for (let i = 0; i < L; i++) {
+    const y = i * ROW + ROW / 2 + 8, lab = LABELS[i].length > 24 ? LABELS[i].slice(0, 23) + "\u2026" : LABELS[i];
+    const left = svgEl("text", { x: XL - 8, y, "text-anchor": "end", class: "hv-q", "data-i": i }, lab);
+    left.appendChild(svgEl("title", {}, `${LABELS[i]} (token ${i})`));
+    const right = svgEl("text", { x: XR + 8, y, class: "hv-k", "data-i": i }, lab);
+    hv.append(left, right); hvLeft.push(left); hvRight.push(right);
+  }
+  const hvNote = svgEl("text", { x: XL + 8, y: 14, class: "hv-note" }, `${L} tokens: hover a token`);
+  let hvShown = null;  // the query whose labels are marked (null: none)
+  function drawHeadView() {
+    const { w } = headData(state.layer, state.head), q = state.row, lines = [];
+    const rows = q !== null ? [q] : L <= HV_ALL_MAX ? [...Array(L).keys()] : [];
+    for (const i of rows) for (let j = 0; j < L; j++) {
+      const p = w[i * L + j];
+      if (p < (q !== null ? STEP : 0.02)) continue;
+      lines.push(svgEl("line", { x1: XL, y1: i * ROW + ROW / 2 + 4, x2: XR, y2: j * ROW + ROW / 2 + 4,
+        stroke: "#1f5f99", "stroke-width": 2.5, "stroke-opacity": p.toFixed(3), "data-q": i, "data-k": j }));
+    }
+    hvLines.replaceChildren(...lines);
+    if (hvShown !== null) hvLeft[hvShown].classList.remove("on");
+    if (q !== null) hvLeft[q].classList.add("on");
+    if (q !== null || hvShown !== null)
+      for (let j = 0; j < L; j++) hvRight[j].setAttribute("fill-opacity",
+        q === null ? 1 : Math.max(0.25, Math.min(1, Math.sqrt(w[q * L + j]) * 1.5)).toFixed(3));
+    hvShown = q;
+    hv.dataset.layer = state.layer; hv.dataset.head = state.head; hv.dataset.query = q === null ? "" : q;
+    if (q === null && L > HV_ALL_MAX) hv.appendChild(hvNote); else hvNote.remove();
+  }
+  hv.addEventListener("mouseover", (e) => {
+    const i = e.target.classList && e.target.classList.contains("hv-q") ? e.target.dataset.i : undefined;
+    if (i !== undefined && +i !== state.row) highlight(+i, +i, `token ${i} ${JSON.stringify(LABELS[+i])}: its lines`);
+  });
+  hv.addEventListener("mouseleave", () => highlight(null, null));
+
   function highlight(row, col, text) {
+    const redraw = row !== state.row;
     state.row = row; state.col = col;
     drawOverlay(); tint();
+    if (redraw) drawHeadView();
     $("tooltip").textContent = text || "";
   }
 
@@ -237,8 +337,10 @@
       `mean distance ${fmt(m.distance)}; previous token ${fmt(m.prev_token)}; masked mass ${fmt(m.masked_mass, 1)}`;
     heat.dataset.layer = l; heat.dataset.head = h;
     for (const t of thumbs) t.classList.toggle("selected", +t.dataset.layer === l && +t.dataset.head === h);
-    drawHeat(); drawOverlay(); tint();
+    drawHeat(); drawOverlay(); tint(); drawHeadView();
   }
+  for (const td of document.querySelectorAll("#importance td[data-head]"))
+    td.addEventListener("click", () => open(+td.dataset.layer, +td.dataset.head));
   $("scale").addEventListener("change", drawHeat);
   $("show-mask").addEventListener("change", drawHeat);
 
@@ -310,8 +412,9 @@
   open(0, 0);
   applyFilter();
   window.attnkit = {
-    ready: true, tti_ms: performance.now(), L, state, open, highlight, sortBy,
+    ready: true, tti_ms: performance.now(), L, state, open, highlight, sortBy, fitLabel,
     weight: (l, h, i, j) => headData(l, h).w[i * L + j],
+    compareWeight: (l, h, i, j) => headData(l, h, 1).w[i * L + j],
     allowed: (l, h, i, j) => { const m = maskOf(l, h); return m === null || m[i * L + j] === 1; },
   };
   document.body.dataset.ready = "1";
