@@ -104,9 +104,12 @@ def relative_groups(call: AttentionCall, mask: MaskSpec | None, sdpa: bool = Fal
     if q0 is None or k0 is None:
         return None
     base = k0 - q0  # d = base + j - i for query index i and key index j
-    per_head = _head_intervals(call, interval, base, REACH_CUTOFF if sdpa else CUTOFF)  # one interval per head
-    table = OffsetTable(call, interval, per_head, base)  # every group reads its heads' slices of one table
     rows = _key_row_heads(call, interval, base) if key_rows else (0,) * call.num_heads
+    if all(rows):  # no head reads the table: skip the reach (it reads q and k)
+        per_head = [interval] * call.num_heads
+    else:
+        per_head = _head_intervals(call, interval, base, REACH_CUTOFF if sdpa else CUTOFF)  # one interval per head
+    table = OffsetTable(call, interval, per_head, base)  # every group reads its heads' slices of one table
     layout = _layout(call, base, per_head, rows) if call.prepared is None else call.prepared.memo(
         ("relative_layout", base, tuple(per_head), rows),
         lambda: _layout(call, base, per_head, rows))  # the prepared mask fixes Lq, Lk
