@@ -6,7 +6,9 @@ a bias, pieces of equal shape are stacked along the batch dim and run through
 exactly causal); autograd gives the backward. With a bias (ALiBi, a float tensor) or a logit softcap the
 pieces run through the tiled kernel of :mod:`attnkit.backends.tiled` (softcap with its backward), their
 additive term read from an offset table (:mod:`attnkit.backends.relative`) or evaluated per piece from
-positions, never as an Lq x Lk tensor.
+positions, never as an Lq x Lk tensor. For inference the offset-table pieces run on SDPA with their table slice
+as the float mask, and under a causal mask on the CPU most ALiBi heads run as causal calls of SDPA's fused
+kernel with a ``(1, h, 1, Lk)`` row of key terms (:func:`~attnkit.backends.relative.key_row`).
 Cost and memory grow with the reachable entries, not with Lq x Lk. Rows with no visible key give 0 with
 finite gradients.
 
