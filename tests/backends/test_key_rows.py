@@ -50,8 +50,9 @@ def test_key_rows_match_the_oracle(key_row_segments, B, H, Hkv, L, D, slopes, se
     assert_within_rule(out, ak.reference_attention(q, k, v, M.causal(), bias=bias), golden)
 
 
-def test_key_rows_in_bfloat16_take_one_segment(key_row_segments):
-    q, k, v = _qkv(1, 4, 4, 512, 32, dtype=torch.bfloat16)
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_key_rows_in_half_precision_take_one_segment(key_row_segments, dtype):
+    q, k, v = _qkv(1, 4, 4, 512, 32, dtype=dtype)
     bias = ak.positions.ALiBi(4)
     with torch.no_grad():
         out = ak.attention(q, k, v, M.causal(), bias=bias, backend="blocksparse")
