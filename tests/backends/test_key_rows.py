@@ -10,7 +10,7 @@ import torch
 
 import attnkit as ak
 from attnkit.backends import blocksparse, relative
-from oracle import assert_within_rule
+from oracle import assert_within_rule, run_with_grads
 
 M = ak.masks
 
@@ -61,21 +61,43 @@ def test_key_rows_in_half_precision_take_one_segment(key_row_segments, dtype):
     assert_within_rule(out, ak.reference_attention(q, k, v, M.causal(), bias=bias), golden)
 
 
-@pytest.mark.parametrize("case", ["grad", "window", "cache", "float64", "per_row_slopes"])
+def test_key_rows_with_gradients_take_one_segment(key_row_segments):
+    """With autograd only one-segment heads run as key rows (the kernel's backward), the rest tiled."""
+    q, k, v = _qkv(1, 8, 4, 1024, 32)
+    bias = ak.positions.ALiBi(8)
+
+    def fn(q, k, v):
+        return ak.attention(q, k, v, M.causal(), bias=bias, backend="blocksparse")
+    out, grads = run_with_grads(fn, [q, k, v])
+    assert key_row_segments == [1]  # 1/32..1/256 (spans <= 32); 1/8 and 1/16 would need segments: tiled
+    ref, ref_grads = run_with_grads(lambda q, k, v: ak.reference_attention(q, k, v, M.causal(), bias=bias), [q, k, v])
+    gold, gold_grads = run_with_grads(lambda q, k, v: ak.reference_attention(q, k, v, M.causal(), bias=bias),
+                                      [t.double() for t in (q, k, v)])
+    assert_within_rule(out, ref, gold)
+    for name, got, r, gg in zip("qkv", grads, ref_grads, gold_grads):
+        assert_within_rule(got, r, gg, factor=3.0, what=f"grad {name}")
+
+
+@pytest.mark.parametrize("case", ["dropout", "window", "cache", "float64", "per_row_slopes"])
 def test_key_rows_only_where_exact(key_row_segments, case):
-    """Gradients (tiled kernel), windows (not every earlier key), Lq != Lk (the kernel's causal flag aligns
-    top-left), float64 and per-row slopes (no shared row) keep the earlier paths, matching the oracle."""
+    """Dropout, windows (not every earlier key), Lq != Lk (the kernel's causal flag aligns top-left), float64
+    and per-row slopes (no shared row) keep the earlier paths, matching the oracle."""
     q, k, v = _qkv(2, 4, 4, 384, 16, dtype=torch.float64 if case == "float64" else torch.float32)
     mask = M.sliding_window(100) if case == "window" else M.causal()
     bias = ak.positions.ALiBi(4, slopes=torch.rand(2, 4) / 8) if case == "per_row_slopes" else ak.positions.ALiBi(4)
     if case == "cache":
         q = q[:, :, -200:]
-    if case == "grad":
-        q.requires_grad_(True)
-    out = ak.attention(q, k, v, mask, bias=bias, backend="blocksparse")
+    if case == "dropout":
+        torch.manual_seed(0)
+        with torch.no_grad():
+            ak.attention(q, k, v, mask, bias=bias, dropout_p=0.1, backend="blocksparse")
+        assert key_row_segments == []
+        return
+    with torch.no_grad():
+        out = ak.attention(q, k, v, mask, bias=bias, backend="blocksparse")
     assert key_row_segments == []
-    golden = ak.reference_attention(q.detach().double(), k.double(), v.double(), mask, bias=bias)
-    assert_within_rule(out.detach(), ak.reference_attention(q.detach(), k, v, mask, bias=bias), golden)
+    golden = ak.reference_attention(q.double(), k.double(), v.double(), mask, bias=bias)
+    assert_within_rule(out, ak.reference_attention(q, k, v, mask, bias=bias), golden)
 
 
 def test_explain_names_the_key_rows():

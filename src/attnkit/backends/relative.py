@@ -88,12 +88,12 @@ class HeadGroup:
 
 
 def relative_groups(call: AttentionCall, mask: MaskSpec | None, sdpa: bool = False,
-                    key_rows: bool = False) -> list[HeadGroup] | None:
+                    key_rows: int = 0) -> list[HeadGroup] | None:
     """The head groups of an offset-only call, or None when the call isn't one (bias not relative, mask not
     an offset interval, positions not consecutive or not shared by the batch rows). ``sdpa``: the pieces run
     on SDPA (keys beyond :data:`REACH_CUTOFF` skipped, not the tiled kernel's CUTOFF); ``key_rows``: the caller
-    can run heads as causal calls with a key row (:func:`key_row`); heads that qualify get groups of their
-    own marked with their segment count."""
+    can run heads as causal calls with a key row (:func:`key_row`) in up to this many query segments; heads
+    that qualify get groups of their own marked with their segment count."""
     if not (isinstance(call.bias, StructuredBias) and call.bias.relative):
         return None
     interval = (None, None) if mask is None else mask.offsets()
@@ -104,7 +104,7 @@ def relative_groups(call: AttentionCall, mask: MaskSpec | None, sdpa: bool = Fal
     if q0 is None or k0 is None:
         return None
     base = k0 - q0  # d = base + j - i for query index i and key index j
-    rows = _key_row_heads(call, interval, base) if key_rows else (0,) * call.num_heads
+    rows = _key_row_heads(call, interval, base, key_rows) if key_rows else (0,) * call.num_heads
     if all(rows):  # no head reads the table: skip the reach (it reads q and k)
         per_head = [interval] * call.num_heads
     else:
@@ -133,17 +133,16 @@ def _layout(call: AttentionCall, base: int, per_head: list[Interval],
     return [(slice(h0, h1), _pieces(iv, base, call.q_len, call.kv_len)) for h0, h1, iv in groups]
 
 
-def _key_row_heads(call: AttentionCall, interval: Interval, base: int) -> tuple[int, ...]:
+def _key_row_heads(call: AttentionCall, interval: Interval, base: int, most: int) -> tuple[int, ...]:
     """Per head: the query segments it needs to run as causal calls with its key row (0: it can't), exactly:
     the mask is causal (every key at or before the query), queries and keys are the same positions (the
     kernel's causal flag aligns top-left), the bias is linear there, and its row spans at most
-    :data:`KEY_ROW_SPAN` per segment and per kernel block. Half precision takes one segment (the merge
-    would round each segment's output to it first)."""
+    :data:`KEY_ROW_SPAN` in each of at most ``most`` segments, and per kernel block (the caller asks one
+    segment for half precision, whose merge would round each segment's output first, and for autograd)."""
     d_lo, d_hi = interval
     causal = d_hi == 0 and (d_lo is None or d_lo <= 1 - call.kv_len)
     if not (call.bias.causal_linear and causal and base == 0 and call.q_len == call.kv_len):
         return (0,) * call.num_heads
-    most = 1 if call.q.dtype in (torch.float16, torch.bfloat16) else KEY_ROW_SEGMENTS
     row = key_row(call)  # (H, Lk)
     out = []
     for span in (row.amax(-1) - row.amin(-1)).tolist():
