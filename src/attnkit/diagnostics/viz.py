@@ -18,12 +18,25 @@ from pathlib import Path
 
 import torch
 
+from attnkit import _files
 from attnkit.errors import AttnkitValueError, describe
 
 CMAP_COLOURS = ["#ffffff", "#edf8b1", "#7fcdbb", "#2c7fb8", "#081d58"]  # the report's colour scale
 CMAP_STOPS = [0.0, 0.12, 0.4, 0.7, 1.0]
 FORBIDDEN = "#bdbdbd"
 VERDICT_COLOURS = {"healthy": "#1e8449", "uniform": "#d68910", "collapsed": "#c0392b", "empty": "#888888"}
+
+
+#: a PNG figure attnkit writes: matplotlib's ``Software`` text chunk says attnkit, so an earlier one is recognised
+PNG = _files.OutputKind("figure", (".png",), "a PNG image", b"Software\x00attnkit")
+
+
+def save_png(fig, path: str | Path, *, overwrite: bool = False, dpi: int = 100, option: str = "path") -> Path:
+    """Save ``fig`` as a PNG at ``path`` by the rules of :mod:`attnkit._files`: a ``.png`` name, never through a
+    link, never over a file attnkit did not write unless ``overwrite``, atomically."""
+    path = _files.check_out(path, PNG, overwrite, option=option)
+    return _files.write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=dpi,
+                                                           metadata={"Software": "attnkit"}), PNG)
 
 
 def _plt():
@@ -190,9 +203,11 @@ def metric_bars(table: list[dict], metric: str = "entropy", *, path: str | Path 
     return ax
 
 
-def save_heatmaps(cap, folder: str | Path, *, batch_index: int = 0, max_heads: int = 16, labels=None) -> list[Path]:
+def save_heatmaps(cap, folder: str | Path, *, batch_index: int = 0, max_heads: int = 16, labels=None,
+                  overwrite: bool = False) -> list[Path]:
     """Write the last record of each layer of ``cap`` (a :class:`capture`) as ``{folder}/{layer}.png``: one
-    labelled heatmap per head with the mask drawn and a colour bar. ``folder`` is created if missing."""
+    labelled heatmap per head with the mask drawn and a colour bar. ``folder`` is created if missing; each file
+    follows :func:`save_png`'s rules (an existing PNG attnkit did not write is refused unless ``overwrite``)."""
     plt = _plt()
     layers = cap.by_layer()
     if not layers:
@@ -220,10 +235,10 @@ def save_heatmaps(cap, folder: str | Path, *, batch_index: int = 0, max_heads: i
                     title=f"head {head}", ax=ax)
         fig.suptitle(layer or "<module>", fontsize=10)
         fig.tight_layout()
-        path = folder / f"{layer or 'module'}.png"
-        fig.savefig(path, dpi=80)
-        plt.close(fig)
-        paths.append(path)
+        try:
+            paths.append(save_png(fig, folder / f"{layer or 'module'}.png", overwrite=overwrite, dpi=80))
+        finally:
+            plt.close(fig)
     return paths
 
 
