@@ -83,5 +83,6 @@ def test_a_model_of_another_shape_is_refused_naming_the_tensor(run):
 def test_read_metrics_drops_a_line_cut_by_a_kill(tmp_path):
     path = tmp_path / "metrics.jsonl"
     path.write_text('{"step": 1}\n{"step": 2}\n{"st')
-    assert io.read_metrics(path) == [{"step": 1}, {"step": 2}]
+    with pytest.warns(UserWarning, match=r"skipped 1 line\(s\) .*line 3: not JSON"):
+        assert io.read_metrics(path) == [{"step": 1}, {"step": 2}]
     assert io.read_metrics(tmp_path / "none.jsonl") == []

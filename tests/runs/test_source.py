@@ -60,10 +60,10 @@ def test_open_source_says_what_each_target_is(trained_run, tmp_path):
     assert (source.kind, source.loaded, source.fresh, source.tokenizer) == ("hf-tiny", False, True, None)
     assert type(open_source("hf-llama-tiny", convert=True).model).__name__ == "TransformerLM"
     config = transformers.GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=50, n_positions=32)
-    config.save_pretrained(tmp_path / "hf")
+    transformers.GPT2LMHeadModel(config).save_pretrained(tmp_path / "hf")
     assert locate(str(tmp_path / "hf")).kind == "hf-folder"
-    source = open_source(str(tmp_path / "hf"))  # a config without weights: random weights, nothing loaded
-    assert (source.loaded, source.fresh, source.metrics) == (False, True, None)
+    source = open_source(str(tmp_path / "hf"))  # weights of unknown training
+    assert (source.loaded, source.fresh, source.metrics) == (True, None, None)
 
 
 def test_run_folder_before_its_first_checkpoint_says_so(tmp_path, trained_run):

@@ -73,7 +73,7 @@ def test_device_cuda_without_cuda_is_a_typed_error_and_writes_nothing(tmp_path):
     assert not (tmp_path / "run").exists()
     assert main(["train", "--run-dir", str(tmp_path / "cli"), "--device", "cuda", "--steps", "2"]) == 2
     assert not (tmp_path / "cli").exists()
-    with pytest.raises(AttnkitValueError, match="device must be 'auto', 'cpu', 'cuda' or 'cuda:N', got 'gpu'"):
+    with pytest.raises(AttnkitValueError, match=r"device must be 'auto', 'cpu', 'cuda' or 'cuda:N' \(or 'mps'\), got 'gpu'"):
         train(small_config(tmp_path / "run", device="gpu"), log=_quiet)
 
 
@@ -176,12 +176,17 @@ def test_a_non_empty_folder_that_is_not_a_run_is_refused_unless_overwrite(tmp_pa
     folder.mkdir()
     (folder / "config.json").write_text('{"model_type": "gpt2"}')
     (folder / "model.safetensors").write_bytes(b"weights")
-    with pytest.raises(RunFolderError, match=r"is not empty and is not an attnkit run \(it holds \['config.json', "
-                                             r"'model.safetensors'\]\).*pass --overwrite"):
+    for overwrite in (False, True):  # issue 21 item 5: never moved, even with --overwrite
+        with pytest.raises(RunFolderError, match=r"is not an attnkit run and holds \['config.json'\] \(it holds "
+                                                 r"\['config.json', 'model.safetensors'\]: a Hugging Face model folder"):
+            train(small_config(folder, steps=2, overwrite=overwrite), log=_quiet)
+        assert (folder / "config.json").read_text() == '{"model_type": "gpt2"}'
+        assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
+    (folder / "config.json").rename(folder / "notes.json")  # other files only: --overwrite mixes the run in
+    with pytest.raises(RunFolderError, match=r"is not empty and is not an attnkit run.*pass --overwrite"):
         train(small_config(folder, steps=2), log=_quiet)
-    assert (folder / "config.json").read_text() == '{"model_type": "gpt2"}'
     train(small_config(folder, steps=2, ckpt_every=2, overwrite=True), log=_quiet)
-    assert (folder / "model.safetensors").read_bytes() == b"weights"  # only what a run writes was replaced
+    assert (folder / "model.safetensors").read_bytes() == b"weights"
     assert ckpt.run_identity(folder) is not None
 
 

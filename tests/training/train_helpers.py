@@ -1,6 +1,7 @@
 """Shared set-up of the training tests: a tiny corpus, small configs, the CLI in a subprocess."""
 
 import os
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -30,3 +31,23 @@ def run_cli(args, **kwargs) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "attnkit.cli.main", *args], env=env, capture_output=True, text=True,
                           timeout=120, **kwargs)
 
+
+
+def quiet(*args, **kwargs):
+    """A ``log`` that prints nothing."""
+
+
+def trained_run(tmp_path_factory, name: str, **changes) -> Path:
+    """A run trained once per test module (``small_config`` with ``changes``), for tests to copy."""
+    from attnkit.training import train
+
+    run = tmp_path_factory.mktemp(name) / "run"
+    train(small_config(run, **changes), log=quiet)
+    return run
+
+
+def copy_run(run, tmp_path, name: str = "copy") -> Path:
+    """A copy of the run folder ``run`` (its lock file left out) under ``tmp_path``."""
+    copy = Path(tmp_path) / name
+    shutil.copytree(run, copy, ignore=shutil.ignore_patterns(".attnkit.lock"))
+    return copy

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import platform
+import re
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +17,7 @@ from pathlib import Path
 import torch
 
 from attnkit._timing import round_robin, sync  # noqa: F401  (re-exported for the suites)
+from attnkit.errors import AttnkitValueError
 
 RESULTS_DIR = Path("benchmarks") / "results"
 
@@ -73,9 +75,18 @@ def versions() -> dict:
     return out
 
 
+def check_name(name: str) -> str:
+    """A results name is a plain file name (it never leaves the results folder): letters, digits, ``.``, ``_``, ``-``,
+    starting with a letter or digit."""
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,100}", name) or ".." in name:
+        raise AttnkitValueError(f"--name {name!r} must be a plain file name (letters, digits, '.', '_', '-'; no '/' or "
+                                "'..'): the results are written as benchmarks/results/NAME.json; e.g. --name my_run.")
+    return name
+
+
 def write_results(name: str, payload: dict, results_dir: Path | str = RESULTS_DIR) -> Path:
     """Write ``{results_dir}/{name}.json`` with machine, versions and the command line added."""
-    path = Path(results_dir) / f"{name}.json"
+    path = Path(results_dir) / f"{check_name(name)}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     program = "attnkit" if Path(sys.argv[0]).name in ("__main__.py", "attnkit") else Path(sys.argv[0]).name
     record = {"benchmark": name, "command": " ".join([program] + sys.argv[1:]) if sys.argv else "",

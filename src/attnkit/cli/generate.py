@@ -26,7 +26,7 @@ def add_parser(sub) -> None:
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache", default="dynamic", choices=["dynamic", "static", "sliding"])
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto (default cpu)")
     p.add_argument("--stream", action="store_true", help="print tokens as they are produced (one prompt)")
     p.set_defaults(run=run)
 
@@ -38,7 +38,10 @@ def run(args) -> int:
     from attnkit.runs import open_source
 
     torch.manual_seed(args.seed)  # the weights of a preset or hf-*-tiny
-    source = open_source(_target(args), convert=True, device=args.device)
+    from attnkit.training.dist import pick_device
+
+    device = pick_device(args.device)  # a device this machine lacks: a typed error naming --device, before loading
+    source = open_source(_target(args), convert=True, device=device)
     tok = IdTokenizer() if args.ids else source.tokenizer
     if tok is None:
         from attnkit.errors import AttnkitValueError

@@ -19,6 +19,7 @@ import sys
 
 import attnkit.cli as _package
 from attnkit.errors import AttnkitError
+from attnkit.training.interrupt import TrainingInterrupted
 
 _NOT_COMMANDS = {"main"}
 
@@ -66,6 +67,25 @@ def main(argv: list[str] | None = None) -> int:
         parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return int(args.run(args) or 0)
+    except TrainingInterrupted as exc:  # Ctrl-C / SIGTERM during training: the step is checkpointed
+        if debug:
+            raise
+        print(f"attnkit {args.command}: {exc}", file=sys.stderr)
+        print(f"resume with: attnkit train --resume {exc.run_dir}", file=sys.stderr)
+        return 128 + exc.signum
+    except KeyboardInterrupt:  # Ctrl-C anywhere else: nothing half-written (writes are atomic), no traceback
+        if debug:
+            raise
+        print(f"attnkit {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except OSError as exc:  # a write the library did not name (disk full, read-only): the path and the OS error
+        from attnkit.runs.write import write_failed
+
+        failed = write_failed(exc.filename, exc, atomic=False) if exc.filename is not None and not debug else None
+        if failed is None:
+            raise
+        print(f"attnkit {args.command}: error: {failed}", file=sys.stderr)
+        return 2
     except AttnkitError as exc:  # a user error: the typed message (it names the value and the fix) alone
         if debug:
             raise

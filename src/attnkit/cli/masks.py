@@ -46,6 +46,9 @@ def add_parser(sub) -> None:
 
 
 def run(args) -> int:
+    if args.size is not None and args.size < 1:
+        raise AttnkitValueError(f"--size must be a length >= 1 (the rows and columns to draw), got {args.size}; e.g. "
+                                "--size 8.")
     for expression in args.expression or EXAMPLES:
         mask = parse(expression)
         print(f"{mask!r}\n{mask.picture(args.size, args.size)}\n")

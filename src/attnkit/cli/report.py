@@ -24,7 +24,8 @@ def add_parser(sub) -> None:
                                   "hf-gpt2-tiny / hf-llama-tiny / hf-bert-tiny")
     p.add_argument("--text", default=DEFAULT_TEXT, help="the input to look at")
     p.add_argument("--out", type=Path, default=None,
-                   help="the .html to write (default: report.html in a run folder, else attention_report.html)")
+                   help="the .html to write (default: report.html in a run folder, report-step_N.html there for one of "
+                        "its checkpoints, else attention_report.html)")
     p.add_argument("--title", default=None, help="the page title (default: attnkit report: TARGET)")
     p.add_argument("--encoder", action="store_true", help="build the preset as a bidirectional encoder")
     p.add_argument("--no-doctor", action="store_true", help="leave the doctor's checks out (faster)")
@@ -59,8 +60,7 @@ def run(args) -> int:
             check_text(f"--{flag}" if flag != "target" else "TARGET", str(getattr(args, flag)))
     target = locate(args.target)
     metrics = target.metrics
-    out = args.out or (target.path / "report.html" if metrics is not None and target.path.is_dir()
-                       else Path("attention_report.html"))
+    out = args.out or default_out(target)
     check_out(out, args.overwrite)  # the library's rules, before the model loads: a typo costs nothing
     torch.manual_seed(args.seed)
     start = time.perf_counter()
@@ -93,6 +93,16 @@ def run(args) -> int:
           + f"attention and page {done - loaded - doctor_s - extra_s:.1f} s)")
     print(f"wrote {path} ({human_bytes(path.stat().st_size)}); open it in a browser: {path.resolve().as_uri()}")
     return 0
+
+
+def default_out(target) -> Path:
+    """``report.html`` in a trained run's folder; ``report-step_N.html`` beside the checkpoint of a run (in the run
+    folder: a checkpoint folder is deleted with everything in it when it is pruned); else
+    ``attention_report.html`` here."""
+    run_dir = target.run_dir
+    if run_dir is None or target.metrics is None:
+        return Path("attention_report.html")
+    return run_dir / ("report.html" if target.kind == "run" else f"report-{target.path.name}.html")
 
 
 def _extras(args, model, ids):

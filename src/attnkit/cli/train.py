@@ -8,6 +8,7 @@
     torchrun --nproc-per-node 2 -m attnkit.cli.main train ...   # DistributedDataParallel, one shard per rank
 
 A run folder is locked while it trains; a user error prints its message and exits 2 (``--debug``: traceback).
+Ctrl-C or SIGTERM checkpoints the current step, prints the resume command and exits 128 + the signal.
 """
 
 from __future__ import annotations
@@ -65,7 +66,8 @@ def add_parser(sub) -> None:
     p.add_argument("--grad-checkpointing", action="store_true", help="recompute each block in backward")
     opt("--eval-every", "steps between validation passes", type=int)
     opt("--eval-batches", "validation batches per pass", type=int)
-    opt("--ckpt-every", "steps between checkpoints", type=int)
+    opt("--ckpt-every", "steps between checkpoints (default: a tenth of the run, at most 100; Ctrl-C or SIGTERM also "
+        "checkpoints the current step)", type=int)
     opt("--keep", "checkpoints kept", type=int)
     opt("--seed", "random seed", type=int)
     opt("--device", "auto, cpu, cuda or cuda:N")

@@ -31,3 +31,21 @@ def read_config(folder: Path) -> dict:
             f"{sorted(raw['auto_map'])}); attnkit never runs a model folder's Python code. Load it from your own "
             "Python session after reviewing the code, then pass the model object (e.g. ak.doctor.examine(model)).")
     return raw
+
+
+def check_tokenizer(folder: Path) -> None:
+    """Refuse a tokenizer that asks to run the folder's own Python (``auto_map`` in ``tokenizer_config.json`` or in
+    ``config.json``) before transformers sees the folder: no prompt, nothing runs."""
+    import json
+
+    for name in ("tokenizer_config.json", "config.json"):
+        try:
+            raw = json.loads((Path(folder) / name).read_text())
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+            continue  # absent or unreadable: transformers' own loader judges it (it runs no code without auto_map)
+        if isinstance(raw, dict) and raw.get("auto_map"):
+            raise RemoteCodeRefused(
+                f"the tokenizer in {str(folder)!r} asks to run the folder's own Python code ({name} has auto_map "
+                f"{sorted(raw['auto_map']) if isinstance(raw['auto_map'], dict) else raw['auto_map']!r}); attnkit never "
+                "runs a model folder's code. Load the tokenizer in your own Python session after reviewing the code, "
+                "or pass token ids (attnkit generate --ids).")

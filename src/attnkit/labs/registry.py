@@ -7,6 +7,7 @@ returns its measurements (JSON-able; an optional ``"notes"`` list of sentences g
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -58,6 +59,10 @@ def run_lab(name: str, *, quick: bool = False, out: str | Path | None = None, se
 
     ``threads``: torch CPU threads while it runs (1 by default: tiny models gain nothing from more, and on a
     shared machine more threads spin against each other; the previous setting is restored)."""
+    cpus = os.cpu_count() or 1
+    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= cpus:
+        raise AttnkitValueError(f"threads must be an int from 1 to this machine's {cpus} CPUs, got {threads!r}; "
+                                "pass --threads 1 (the default) or up to the number of cores.")
     spec = get_lab(name)
     size = "quick" if quick else "default"
     out = check_out_folder(Path(out) if out is not None else Path("runs") / "labs" / name, name, overwrite)

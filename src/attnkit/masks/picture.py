@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from attnkit.errors import AttnkitValueError
 from attnkit.masks.spec import MaskSpec
 
 DEFAULT_SIZE = 8
@@ -20,6 +21,10 @@ def render(dense: torch.Tensor, max_size: int = MAX_SIZE) -> str:
 
 
 def draw(mask: MaskSpec, q_len: int | None = None, kv_len: int | None = None) -> str:
+    for name, value in (("q_len", q_len), ("kv_len", kv_len)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            raise AttnkitValueError(f"picture: {name} must be an int >= 1 (the rows or columns to draw), got {value!r}; "
+                                    f"omit it for {DEFAULT_SIZE} or the data's length.")
     kv_len = kv_len or mask.natural_length() or q_len or DEFAULT_SIZE
     q_len = q_len or kv_len
     return render(mask.to_dense(q_len, kv_len)[0, 0])  # (Lq, Lk) of batch row 0, head 0

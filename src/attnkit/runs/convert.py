@@ -13,8 +13,8 @@ from pathlib import Path
 import torch
 
 from attnkit.runs.folder import RunFolder
-from attnkit.runs.tokens import TOKENIZER_DIR, save_tokenizer
-from attnkit.runs.write import save_checkpoint
+from attnkit.runs.tokens import TOKENIZER_DIR, folder_tokenizer
+from attnkit.runs.write import save_checkpoint, writing
 
 
 def convert_folder(path: str | Path, out: str | Path, *, dtype: torch.dtype | None = None, overwrite: bool = False,
@@ -29,6 +29,10 @@ def convert_folder(path: str | Path, out: str | Path, *, dtype: torch.dtype | No
     model = from_hf(hf)
     source = {"path": str(Path(path).resolve()), "model_type": hf.config.model_type,
               "transformers": transformers.__version__, "dropout": source_dropout(hf.config)}
+    tokenizer = folder_tokenizer(path)  # a tokenizer asking for the folder's code is refused before anything
+    if tokenizer is None:
+        log(f"note: {path} has no tokenizer files, so the run has none: `attnkit generate` and the report need "
+            "token ids (generate --ids); copy the model's tokenizer files into the folder and convert again to keep it")
     folder = RunFolder(out, log=log, option="--out")
     folder.check_fresh(overwrite)  # before creating anything (a refused folder is left exactly as it was)
     folder.acquire()
@@ -36,9 +40,11 @@ def convert_folder(path: str | Path, out: str | Path, *, dtype: torch.dtype | No
         folder.check_fresh(overwrite)  # again under the lock
         if overwrite:
             folder.set_aside()
-        has_tokenizer = save_tokenizer(path, Path(out) / TOKENIZER_DIR)
+        if tokenizer is not None:
+            with writing(Path(out) / TOKENIZER_DIR):  # disk full, read-only: typed, the old run restored
+                tokenizer.hf.save_pretrained(Path(out) / TOKENIZER_DIR)
         state = {"model_config": model.config.to_dict(), "converted_from": source,
-                 "tokenizer": TOKENIZER_DIR if has_tokenizer else None}
+                 "tokenizer": TOKENIZER_DIR if tokenizer is not None else None}
         where = save_checkpoint(out, 0, model, None, state, keep=0)  # the folder holds no other checkpoint
         folder.committed()
         return where

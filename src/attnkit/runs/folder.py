@@ -2,8 +2,10 @@
 
 - :class:`RunFolder` takes an exclusive ``fcntl`` lock on ``RUN/.attnkit.lock`` for the whole run: a second run
   or a ``--resume`` on a folder that is still training is refused with :class:`RunInUseError`.
-- A folder that holds files but is not an attnkit run (a Hugging Face model folder, say) is refused unless
-  ``overwrite``; so is a run with checkpoints.
+- A folder that holds a run (checkpoints, or a run stopped before its first one: its ``config.json`` or
+  ``metrics.jsonl``) is refused unless ``overwrite``; so is a folder of other files. A folder that is not a run but
+  holds a name a run writes (a Hugging Face model folder's ``config.json``) is refused even with ``overwrite``:
+  only a run's own files are ever moved.
 - ``overwrite`` moves what the trainer would replace aside into ``RUN/.replaced/`` and deletes it only once
   the new run has written its first checkpoint (:meth:`RunFolder.committed`); a failure before that restores
   it, and so does the next start if the process was killed.
@@ -22,12 +24,11 @@ from pathlib import Path
 
 from attnkit.errors import AttnkitValueError, EnvironmentUnsupportedError
 from attnkit.runs import write as ckpt
-from attnkit.runs.read import CHECKPOINTS, LOSS_PLOT, METRICS, RUN_CONFIG, is_run_folder, open_regular
+from attnkit.runs.read import ASIDE, CHECKPOINTS, LOSS_PLOT, METRICS, RUN_CONFIG, is_run_folder, open_regular
 from attnkit.runs.tokens import TOKENIZER_DIR
-from attnkit.runs.write import replacing
+from attnkit.runs.write import replacing, writing
 
 LOCK = ".attnkit.lock"
-ASIDE = ".replaced"
 MOVING = ".moving.json"  # in ASIDE: the names set_aside moves, written before it moves any
 # what a run writes into its folder (a converted run also carries its model's tokenizer: a new run replaces it too)
 OUTPUTS = (CHECKPOINTS, RUN_CONFIG, METRICS, LOSS_PLOT, TOKENIZER_DIR)
@@ -55,8 +56,9 @@ class RunFolder:
 
         if self.path.exists() and not self.path.is_dir():
             raise RunFolderError(f"run_dir {str(self.path)!r} is a file, not a folder; pick another --run-dir.")
-        self.path.mkdir(parents=True, exist_ok=True)
-        fd = self._open_lock()
+        with writing(self.path / LOCK):  # a read-only folder: a typed error naming it
+            self.path.mkdir(parents=True, exist_ok=True)
+            fd = self._open_lock()
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
@@ -112,11 +114,25 @@ class RunFolder:
                     "checkpoint).")
             return
         others = sorted(p.name for p in self.path.iterdir() if p.name not in (LOCK, ASIDE))
-        if others and not is_run_folder(self.path) and not overwrite:
+        if not others:
+            return
+        if is_run_folder(self.path) or METRICS in others:  # a run stopped before its first checkpoint is a run
+            if overwrite:
+                return
             raise RunFolderError(
-                f"{self.option} {str(self.path)!r} is not empty and is not an attnkit run (it holds {others[:5]}); a new "
-                f"run would replace {[n for n in OUTPUTS if n in others] or 'nothing but would mix its files in'}: "
-                f"pick an empty or new {self.option}, or pass --overwrite.")
+                f"{self.option} {str(self.path)!r} holds a run that has no checkpoint (its "
+                f"{', '.join(n for n in OUTPUTS if n in others)}: it was stopped before its first checkpoint); pick "
+                f"another {self.option}, or pass --overwrite to replace it.")
+        foreign = [n for n in OUTPUTS if n in others]
+        if foreign:  # a Hugging Face model folder (config.json, tokenizer/): never moved, even with --overwrite
+            raise RunFolderError(
+                f"{self.option} {str(self.path)!r} is not an attnkit run and holds {foreign} (it holds {others[:5]}: a "
+                f"Hugging Face model folder, or another program's files) that a run would replace; --overwrite replaces "
+                f"only an attnkit run's files: pick an empty or new {self.option}.")
+        if not overwrite:
+            raise RunFolderError(
+                f"{self.option} {str(self.path)!r} is not empty and is not an attnkit run (it holds {others[:5]}); a "
+                f"new run would mix its files in: pick an empty or new {self.option}, or pass --overwrite.")
 
     def set_aside(self) -> None:
         """Move the outputs an old run left into ``.replaced/`` (restored if the new run fails early)."""

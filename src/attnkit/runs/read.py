@@ -29,6 +29,8 @@ import json
 import os
 import re
 import stat
+import warnings
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -44,12 +46,18 @@ RUN_CONFIG = "config.json"
 METRICS = "metrics.jsonl"
 LOSS_PLOT = "loss.png"
 CHECKPOINTS = "checkpoints"
+ASIDE = ".replaced"  # where ``--overwrite`` keeps the run it replaces until the new run's first checkpoint
 MAX_MANIFEST_BYTES = 64 << 20
+READ_RETRIES = 3  # a run folder read while it trains: its newest checkpoint again, when the one read was pruned
 STEP_DIR = re.compile(r"^step_(\d{8})$")
 
 
 class CheckpointError(AttnkitValueError):
     """A checkpoint is missing, truncated or corrupt (the message names the file and what to do)."""
+
+
+class CheckpointGone(CheckpointError):
+    """A healthy checkpoint was removed while it was read (the run that trains there pruned it)."""
 
 
 # ------------------------------------------------------------------------------------------------ files
@@ -125,9 +133,34 @@ def resolve(path: str | Path) -> Path:
         return path
     found = list_checkpoints(path)
     if not found:
-        raise CheckpointError(f"no checkpoint found in {str(path)!r}: expected a run folder with checkpoints/step_* "
-                              "or a checkpoint folder; train with `attnkit train --run-dir DIR` first.")
+        raise CheckpointError(f"no checkpoint found in {str(path)!r}: " + (set_aside_note(path) or (
+            "expected a run folder with checkpoints/step_* or a checkpoint folder; train with `attnkit train "
+            "--run-dir DIR` first.")))
     return found[-1]
+
+
+def is_converted(path: str | Path) -> bool:
+    """The checkpoint of ``path`` (a run or checkpoint folder) was written by ``attnkit convert`` (its tokens are
+    the source model's, never bytes). Call it after the checkpoint was verified (:func:`load_model`)."""
+    try:
+        with open_regular(resolve(path) / MANIFEST) as f:
+            state = json.loads(f.read(MAX_MANIFEST_BYTES))
+    except (OSError, ValueError):
+        return False
+    return isinstance(state, dict) and "converted_from" in state
+
+
+def set_aside_note(path: str | Path) -> str | None:
+    """Where the run that an interrupted ``--overwrite`` set aside in ``path/.replaced`` is, and how to get it back
+    (None when there is none)."""
+    aside = Path(path) / ASIDE
+    kept = list_checkpoints(aside)
+    if not kept:
+        return None
+    return (f"the run that was here is intact in {str(aside)!r} (newest checkpoint {kept[-1].name}), set aside by an "
+            f"`attnkit train --overwrite` that was stopped before its first checkpoint; `attnkit train --resume "
+            f"{path}` puts it back and continues it (so does any `attnkit train` in this folder), or read it where it "
+            f"is ({aside}).")
 
 
 def run_folder_of(ckpt: Path, named: str | Path | None = None, *, fix: str = "resume the run folder it belongs "
@@ -158,9 +191,17 @@ def read_verified(ckpt: str | Path, keep: tuple[str, ...] = ()) -> tuple[dict, d
     ckpt = Path(ckpt)
     previous = [p for p in list_checkpoints(ckpt.parent.parent) if p.name < ckpt.name]
     hint = (f"the previous checkpoint {previous[-1]} is intact: resume from it with --resume {previous[-1]}, or "
-            "delete the damaged folder." if previous else "no earlier checkpoint exists; restart the run.")
+            "delete the damaged folder." if previous else "no earlier checkpoint exists: train the run again (the "
+            "damaged folder is kept for inspection).")
 
     def fail(problem: str, exc: Exception | None = None):
+        newest = list_checkpoints(ckpt.parent.parent) if ckpt.parent.name == CHECKPOINTS else []
+        pruned = isinstance(exc, FileNotFoundError) and newest and newest[-1].name > ckpt.name
+        if not ckpt.is_dir() or pruned:  # it was there when named: the run training there pruned it meanwhile
+            raise CheckpointGone(f"checkpoint {str(ckpt)!r} was removed while it was read: the run is still training "
+                                 "and keeps only its newest checkpoints (--keep); "
+                                 + (f"read the newest, {newest[-1]}, or the run folder {str(ckpt.parent.parent)!r}."
+                                    if newest else "read the run folder once it has written its next one.")) from exc
         raise CheckpointError(f"checkpoint {str(ckpt)!r}: {problem}; {hint}") from exc
 
     folder = STEP_DIR.match(ckpt.name)
@@ -272,8 +313,14 @@ def load_verified_weights(ckpt: str | Path, model: torch.nn.Module, data: bytes)
 def load_model(path: str | Path, device: str | torch.device = "cpu") -> TransformerLM:
     """The ``TransformerLM`` of a checkpoint (a checkpoint folder or a run folder: its newest), verified, built from
     the checkpoint's own ``model_config``, in eval mode."""
-    where = resolve(path)
-    state, data = read_verified(where, keep=(FILES[0],))  # verified once; these bytes are what is loaded
+    for attempt in range(READ_RETRIES):
+        where = resolve(path)
+        try:
+            state, data = read_verified(where, keep=(FILES[0],))  # verified once; these bytes are what is loaded
+            break
+        except CheckpointGone:  # a run folder named: its newest checkpoint was pruned by the trainer meanwhile
+            if where == Path(path) or attempt == READ_RETRIES - 1:
+                raise
     model = TransformerLM(LMConfig.from_dict(state["model_config"]))
     load_verified_weights(where, model, data[FILES[0]])
     return model.to(device).eval()
@@ -282,18 +329,58 @@ def load_model(path: str | Path, device: str | torch.device = "cpu") -> Transfor
 # ------------------------------------------------------------------------------------------------ the rest of a run
 
 
-def read_metrics(path: str | Path) -> list[dict]:
-    """The records of a ``metrics.jsonl`` (none when it does not exist; a last line cut by a kill is dropped)."""
+#: the fields of a metrics record that are numbers when present (``step`` is an int >= 0 in every record)
+METRIC_NUMBERS = ("loss", "val_loss", "val_ppl", "lr", "grad_norm", "tokens", "tok_per_s", "cp_bytes_sent")
+
+
+def read_metrics(path: str | Path, on_skip: Callable[[str], None] | None = None) -> list[dict]:
+    """The records of a ``metrics.jsonl`` (none when it does not exist). A line that is not a record of a step (cut
+    by a kill, edited: not JSON, no int ``step``, a non-number in a number field, an ``attention`` entry of another
+    shape) is skipped and every other record kept; ``on_skip(message)`` hears what was skipped (default: a warning)."""
     path = Path(path)
     if not path.exists():
         return []
-    records = []
-    for line in path.read_text().splitlines():
+    records, skipped = [], []
+    try:
+        with open_regular(path) as f:
+            lines = f.read().decode("utf-8", errors="replace").splitlines()
+    except OSError as exc:  # a symlink, a FIFO, a folder: nothing of it is read
+        lines, skipped = [], [f"not a regular file, not read ({exc})"]
+    for number, line in enumerate(lines, 1):
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut by a kill: drop it
-            break
+            record = json.loads(line)
+        except json.JSONDecodeError:
+            skipped.append(f"line {number}: not JSON (a line cut by a kill, or edited)")
+            continue
+        problem = _record_problem(record)
+        if problem:
+            skipped.append(f"line {number}: {problem}")
+        else:
+            records.append(record)
+    if skipped:
+        message = (f"{path}: skipped {len(skipped)} line(s) that are not records of a step ({'; '.join(skipped[:3])}"
+                   f"{'; ...' if len(skipped) > 3 else ''}); the other {len(records)} records are kept")
+        (on_skip or (lambda m: warnings.warn(m, stacklevel=3)))(message)
     return records
+
+
+def _record_problem(record) -> str | None:
+    """What makes ``record`` not a metrics record (None when it is one)."""
+    if not isinstance(record, dict):
+        return f"a JSON {type(record).__name__}, not a record"
+    step = record.get("step")
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        return f"step is {step!r}, not an int >= 0"
+    for name in METRIC_NUMBERS:
+        value = record.get(name, 0)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"{name} is {value!r}, not a number"
+    attention = record.get("attention", {})
+    if not isinstance(attention, dict) or not all(
+            isinstance(info, dict) and isinstance(info.get("verdicts", []), list)
+            and all(isinstance(v, str) for v in info.get("verdicts", [])) for info in attention.values()):
+        return "attention is not {layer: {verdicts: [...]}}"
+    return None
 
 
 def metrics_file(path: str | Path) -> Path | None:

@@ -32,7 +32,7 @@ from torch import nn
 
 from attnkit.errors import AttnkitValueError, EnvironmentUnsupportedError
 from attnkit.integrations.remote_code import RemoteCodeRefused, read_config  # noqa: F401  (re-exported)
-from attnkit.runs.read import MANIFEST, is_checkpoint_or_run, load_model, metrics_file
+from attnkit.runs.read import CHECKPOINTS, MANIFEST, is_checkpoint_or_run, is_converted, load_model, metrics_file
 from attnkit.runs.tokens import ByteTokenizer, folder_tokenizer, run_tokenizer
 
 HF_TINY = {
@@ -64,6 +64,16 @@ class Target:
     def metrics(self) -> Path | None:
         """The run's ``metrics.jsonl`` (a run or one of its checkpoints), else None."""
         return metrics_file(self.path) if self.kind in ("run", "checkpoint") else None
+
+    @property
+    def run_dir(self) -> Path | None:
+        """The run folder of a run, or of a checkpoint inside one (``RUN/checkpoints/step_N``), else None: where
+        files about the run go (never inside a checkpoint, which pruning deletes)."""
+        if self.kind == "run":
+            return self.path
+        if self.kind == "checkpoint" and self.path.parent.name == CHECKPOINTS:
+            return self.path.parent.parent
+        return None
 
 
 @dataclass
@@ -141,7 +151,8 @@ def open_source(target: str | Target, *, encoder: bool = False, convert: bool = 
         return Source(model.to(device), where, False, True, lambda: _byte_tokenizer(model))
     if where.kind in ("run", "checkpoint"):
         model = load_model(where.path, device)
-        return Source(model, where, True, False, lambda: run_tokenizer(where.path) or _byte_tokenizer(model))
+        return Source(model, where, True, False, lambda: run_tokenizer(where.path) or (
+            None if is_converted(where.path) else _byte_tokenizer(model)))  # a converted run never speaks bytes
     if where.kind == "hf-tiny":
         model, loaded, tokenizer = hf_tiny(where.name), False, lambda: None
     elif convert:  # what `attnkit convert` loads
@@ -149,8 +160,8 @@ def open_source(target: str | Target, *, encoder: bool = False, convert: bool = 
 
         model, loaded, tokenizer = load_hf(where.path), True, lambda: folder_tokenizer(where.path)
     else:
-        model, fresh = load_hf_folder(where.path, encoder=encoder)
-        loaded, tokenizer = not fresh, lambda: folder_tokenizer(where.path)
+        model, _ = load_hf_folder(where.path, encoder=encoder)
+        loaded, tokenizer = True, lambda: folder_tokenizer(where.path)
     if convert:
         from attnkit.integrations.hf.convert import from_hf
 
@@ -196,18 +207,16 @@ def hf_class(tf, config, *, encoder: bool = False):
 
 
 def load_hf_folder(path: Path, *, encoder: bool = False):
-    """``(model, fresh)`` for a Hugging Face folder, never running its code: ``trust_remote_code=False`` and
-    a config with ``auto_map`` (custom modelling code in the folder) is refused with :class:`RemoteCodeRefused`.
-    The model is the class that holds the weights (:func:`hf_class`: no randomly initialised head). ``fresh``
-    is True for a config without weights (random weights), None for weights of unknown training."""
-    from attnkit.integrations.hf.folders import load_pretrained
+    """``(model, None)`` for a Hugging Face folder with weights (of unknown training), never running its code:
+    ``trust_remote_code=False`` and a config with ``auto_map`` (custom modelling code in the folder) is refused with
+    :class:`RemoteCodeRefused`; a malformed config.json, a folder without weights and a model larger than the
+    memory here are typed errors before anything is built (:mod:`attnkit.integrations.hf.folders`). The model is
+    the class that holds the weights (:func:`hf_class`: no randomly initialised head)."""
+    from attnkit.integrations.hf.folders import check_weights, load_config, load_pretrained
 
-    read_config(path)  # refuses auto_map (custom code) before transformers sees the folder
     tf = _transformers()
-    config = tf.AutoConfig.from_pretrained(path, trust_remote_code=False, local_files_only=True)
+    config = load_config(path)
     auto = hf_class(tf, config, encoder=encoder)
-    if any(path.glob("*.safetensors")) or any(path.glob("*.bin")):
-        # with --encoder an encoder's masked-LM head may be absent (a sentence-embedding checkpoint)
-        return load_pretrained(auto, path, optional=("cls.", "pooler.") if encoder else ("pooler.",)), None
-    model = auto.from_config(config, trust_remote_code=False) if hasattr(auto, "from_config") else auto(config)
-    return model.eval(), True
+    check_weights(auto, config, path)
+    # with --encoder an encoder's masked-LM head may be absent (a sentence-embedding checkpoint)
+    return load_pretrained(auto, path, optional=("cls.", "pooler.") if encoder else ("pooler.",)), None

@@ -1,6 +1,6 @@
 """The tokens of a run: bytes for a run the trainer wrote, the model's own tokenizer for a converted one.
 
-``attnkit convert`` saves the Hugging Face tokenizer as ``RUN_DIR/tokenizer/`` (:func:`save_tokenizer`);
+``attnkit convert`` saves the Hugging Face tokenizer as ``RUN_DIR/tokenizer/`` (:mod:`attnkit.runs.convert`);
 :func:`run_tokenizer` finds it again, so ``attnkit generate`` and the report speak the model's tokens instead of
 bytes. transformers is imported only when a run has a saved tokenizer.
 """
@@ -44,27 +44,18 @@ class TextTokenizer:
         return self.hf.decode(list(ids), skip_special_tokens=True)
 
     @classmethod
-    def load(cls, folder: str | Path) -> TextTokenizer:
-        from transformers import AutoTokenizer
+    def load(cls, folder: str | Path) -> TextTokenizer | None:
+        """The tokenizer saved in ``folder`` (None when it has none), through the one guarded reader
+        (:func:`attnkit.integrations.hf.folders.load_tokenizer`: a tokenizer asking for the folder's code is refused)."""
+        from attnkit.integrations.hf.folders import load_tokenizer
 
-        return cls(AutoTokenizer.from_pretrained(folder, trust_remote_code=False))
+        hf = load_tokenizer(folder)
+        return None if hf is None else cls(hf)
 
 
 def folder_tokenizer(path: str | Path) -> TextTokenizer | None:
     """The tokenizer of a Hugging Face folder, or None when it has none (weights but no tokenizer files)."""
-    try:
-        return TextTokenizer.load(path)
-    except (OSError, ValueError):
-        return None
-
-
-def save_tokenizer(path: str | Path, where: Path) -> bool:
-    """Save the tokenizer of the Hugging Face folder ``path`` under ``where``; False when the folder has none."""
-    found = folder_tokenizer(path)
-    if found is None:
-        return False
-    found.hf.save_pretrained(where)
-    return True
+    return TextTokenizer.load(path)
 
 
 def run_tokenizer(path: str | Path) -> TextTokenizer | None:

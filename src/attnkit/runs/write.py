@@ -25,8 +25,10 @@ training needs (optimizer state, RNG states: :func:`load_checkpoint`).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import random
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -34,6 +36,8 @@ from pathlib import Path
 import numpy as np
 import torch
 from safetensors.torch import load, load_file, save_file, save_model  # noqa: F401  (load_file: for callers)
+
+from attnkit.errors import EnvironmentUnsupportedError
 
 # the reader, re-exported for the trainer's callers (defined once, in attnkit.runs.read)
 from attnkit.runs.read import (  # noqa: F401
@@ -56,6 +60,46 @@ from attnkit.runs.read import (  # noqa: F401
 # ------------------------------------------------------------------------------------------------ write
 
 
+class WriteFailed(EnvironmentUnsupportedError):
+    """A file could not be written (disk full, file too large, read-only folder): nothing half-written was left."""
+
+
+#: what to do about an OS error that stops a write, by errno
+WRITE_FIXES = {errno.ENOSPC: "free space on that disk or write somewhere else",
+               errno.EDQUOT: "free space within your disk quota or write somewhere else",
+               errno.EFBIG: "the file is larger than this system allows (ulimit -f, or the file system's limit): raise "
+                            "the limit or write somewhere else",
+               errno.EROFS: "that file system is read-only: write somewhere else",
+               errno.EACCES: "you may not write there: fix the folder's permissions or write somewhere else",
+               errno.EPERM: "you may not write there: fix the folder's permissions or write somewhere else"}
+
+
+def write_failed(path: str | Path, exc: BaseException, *, atomic: bool = True) -> WriteFailed | None:
+    """The :class:`WriteFailed` an OS error that stopped writing ``path`` means (None for another kind of error);
+    ``atomic``: the writer removed what it had written (the message says so).
+    safetensors reports the OS error inside its own exception (``... (os error 27)``): read from there too."""
+    code = exc.errno if isinstance(exc, OSError) else None
+    if code is None and type(exc).__name__ == "SafetensorError":
+        found = re.search(r"(?:code: |os error )(\d+)", str(exc))
+        code = int(found.group(1)) if found else None
+    if code not in WRITE_FIXES:
+        return None
+    return WriteFailed(f"could not write {str(path)!r}: {os.strerror(code)} ({errno.errorcode[code]}); "
+                       f"{WRITE_FIXES[code]}." + (" Nothing half-written was left behind." if atomic else ""))
+
+
+@contextlib.contextmanager
+def writing(path: str | Path):
+    """Turn an OS error of the block that writes ``path`` into :class:`WriteFailed` (see :data:`WRITE_FIXES`)."""
+    try:
+        yield
+    except Exception as exc:
+        failed = write_failed(path, exc)
+        if failed is None:
+            raise
+        raise failed from exc
+
+
 @contextlib.contextmanager
 def replacing(path: str | Path):
     """Write the file ``path`` through a temporary file in its folder, renamed over ``path`` once complete: a symlink
@@ -65,14 +109,16 @@ def replacing(path: str | Path):
     ...     f.write(b"{}")
     """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    with writing(path):
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
     try:
-        os.fchmod(fd, 0o644)
-        with os.fdopen(fd, "wb") as f:
-            yield f
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+        with writing(path):
+            os.fchmod(fd, 0o644)
+            with os.fdopen(fd, "wb") as f:
+                yield f
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
@@ -83,31 +129,39 @@ def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module, opti
                     state: dict, *, keep: int = 2, extra_tensors: dict[str, torch.Tensor] | None = None) -> Path:
     """Write checkpoint ``step`` atomically under ``run_dir/checkpoints`` and keep the newest ``keep``."""
     root = Path(run_dir) / CHECKPOINTS
-    root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step:08d}"
-    tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step_{step:08d}-", dir=root))
+    with writing(final):
+        root.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step_{step:08d}-", dir=root))
     try:
-        save_model(model, str(tmp / "model.safetensors"))
-        tensors, opt_json = _optimizer_to_flat(optimizer)
-        tensors.update(_rng_tensors())
-        tensors.update(extra_tensors or {})
-        save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp / "optim.safetensors"))
-        record = {**state, "format": FORMAT, "step": step, "optimizer": opt_json, "rng": _rng_json(),
-                  "sha256": {name: sha256_file(tmp / name) for name in FILES}}
-        (tmp / MANIFEST).write_bytes(manifest_bytes(record))
-        for name in (*FILES, MANIFEST):
-            _fsync(tmp / name)
-        _fsync(tmp)
-        if final.exists():  # re-saving the same step (e.g. after a resume): replace it atomically
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _fsync(root)
+        with writing(final):
+            _write_checkpoint(tmp, final, root, step, model, optimizer, state, extra_tensors)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def _write_checkpoint(tmp: Path, final: Path, root: Path, step: int, model, optimizer, state: dict,
+                      extra_tensors) -> None:
+    """Every file of checkpoint ``step`` into the folder ``tmp``, fsync'ed, then renamed to ``final``."""
+    save_model(model, str(tmp / "model.safetensors"))
+    tensors, opt_json = _optimizer_to_flat(optimizer)
+    tensors.update(_rng_tensors())
+    tensors.update(extra_tensors or {})
+    save_file({k: v.detach().cpu().contiguous() for k, v in tensors.items()}, str(tmp / "optim.safetensors"))
+    record = {**state, "format": FORMAT, "step": step, "optimizer": opt_json, "rng": _rng_json(),
+              "sha256": {name: sha256_file(tmp / name) for name in FILES}}
+    (tmp / MANIFEST).write_bytes(manifest_bytes(record))
+    for name in (*FILES, MANIFEST):
+        _fsync(tmp / name)
+    _fsync(tmp)
+    if final.exists():  # re-saving the same step (e.g. after a resume): replace it atomically
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync(root)
 
 
 def _fsync(path: Path) -> None:

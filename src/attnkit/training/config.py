@@ -67,7 +67,7 @@ class TrainConfig:
     grad_checkpointing: bool = False
     eval_every: int | None = None
     eval_batches: int = 8
-    ckpt_every: int = 100
+    ckpt_every: int | None = None  # None: a tenth of the run, at most 100 steps (record.checkpoint_interval)
     keep: int = 2
     seed: int = 0
     device: str = "auto"
@@ -90,9 +90,10 @@ class TrainConfig:
         if self.precision not in ("auto", "fp32", "bf16"):
             raise AttnkitValueError(f"precision must be 'auto', 'fp32' or 'bf16', got {self.precision!r}; use "
                                     "'auto' to measure and pick the faster here (never fp16 on CPU).")
-        for name in ("batch_size", "accum", "steps", "eval_every", "eval_batches", "ckpt_every", "keep",
-                     "overfit_samples"):
+        for name in ("batch_size", "accum", "steps", "eval_every", "eval_batches", "keep", "overfit_samples"):
             positive_int(getattr(self, name), name)
+        if self.ckpt_every is not None:
+            positive_int(self.ckpt_every, "ckpt_every")
         if self.seq_len is not None and (isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int)
                                          or self.seq_len < 2):
             raise AttnkitValueError(f"seq_len must be an int >= 2 (tokens per row), got {self.seq_len!r}; omit it "

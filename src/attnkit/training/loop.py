@@ -22,7 +22,7 @@ import contextlib
 import gc
 import math
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -35,7 +35,14 @@ from attnkit.models.config import LMConfig
 from attnkit.models.lm import TransformerLM
 from attnkit.runs import write as ckpt
 from attnkit.runs.folder import RunFolder
-from attnkit.runs.read import LOSS_PLOT, METRICS, RUN_CONFIG, load_model, run_folder_of  # noqa: F401  (load_model: re-exported)
+from attnkit.runs.read import (  # noqa: F401  (load_model: re-exported)
+    LOSS_PLOT,
+    METRICS,
+    RUN_CONFIG,
+    load_model,
+    run_folder_of,
+    set_aside_note,
+)
 from attnkit.training import dist, record
 from attnkit.training.config import (  # noqa: F401  (RESUME_HONOURS, TrainConfig: re-exported)
     RESUME_HONOURS,
@@ -45,6 +52,7 @@ from attnkit.training.config import (  # noqa: F401  (RESUME_HONOURS, TrainConfi
     setting,
 )
 from attnkit.training.data import ByteTokenizer, PackedDataset, data_fingerprint, load_documents, split_by_file, unigram_loss
+from attnkit.training.interrupt import StopRequest, TrainingInterrupted, stop_requests
 from attnkit.training.metrics import MetricsWriter, plot_loss
 from attnkit.training.precision import choose_precision
 from attnkit.training.sampling import sample_text
@@ -90,13 +98,17 @@ class Trainer:
     def __init__(self, config: TrainConfig, *, resume: str | Path | None = None, init_from: str | Path | None = None,
                  given: set[str] | frozenset[str] = frozenset(), log=print, names=setting):
         self.ddp, self.folder, self._failed, self.ctx = None, None, False, None
+        self._stop = StopRequest()  # replaced by the one run() installs for SIGINT/SIGTERM
         self.hooks: list = []  # hook(trainer, record) after each step (main process), see train()
         self.names = names
         try:
             self._setup(config, resume, init_from, frozenset(given), log)
-        except BaseException:  # a refusal after the lock was taken must not keep the folder locked
+        except BaseException as exc:  # a refusal after the lock was taken must not keep the folder locked
             self._failed = True
             self.close()
+            peer = dist.lost(exc, self.ctx) if self.ctx is not None else None
+            if peer is not None:  # a failed collective: another rank stopped (its own output says why)
+                raise peer from exc
             raise
 
     # ------------------------------------------------------------------------------------------ set-up
@@ -119,6 +131,9 @@ class Trainer:
             RunFolder(self.run_dir, log=self.log).check_fresh(config.overwrite)
         self.tokenizer = ByteTokenizer()
         self._build_data()
+        dist.check_same({**asdict(config), "resume": None if resume is None else str(resume),
+                         "init_from": None if init_from is None else str(init_from), "data_sha256": self.data_sha256},
+                        self.ctx, n)  # before anything is written: every rank runs the same run
         torch.manual_seed(config.seed)
         self._build_model(model_config, resume_ckpt or init_ckpt)
         self.step = 0
@@ -139,10 +154,13 @@ class Trainer:
         n = self.names
         self.resume_state, self.init_state = None, None
         if resume is not None:
+            if self.ctx.is_main and set_aside_note(resume):  # a stopped --overwrite: the lock puts the old run back
+                self.folder = RunFolder(resume, log=self.log).acquire()
+            dist.barrier(self.ctx)
             where = ckpt.resolve(resume)
             run_dir = run_folder_of(where, resume, fix=f"resume the run folder it belongs to, or start a new run from "
                                                        f"its weights with {n('init_from')} {resume} {n('run_dir')} NEW.")
-            if self.ctx.is_main:  # lock first: a run still training there must not change what is read
+            if self.ctx.is_main and self.folder is None:  # lock first: a run training there must not change the files
                 self.folder = RunFolder(run_dir, log=self.log).acquire()
             self.resume_state = ckpt.read_state(where)  # its run identity checked against the folder
             if "train_config" not in self.resume_state:
@@ -267,15 +285,19 @@ class Trainer:
             steps = max(10, int(c.time_budget / (step_time + evals / c.eval_every)))
             self.log(f"time budget {c.time_budget:.0f} s at ~{step_time:.3f} s/step -> {steps} steps")
         torch.set_rng_state(rng)
-        return precision, steps, evidence
+        return dist.from_rank0((precision, steps, evidence), self.ctx)  # rank 0 decides for every rank
 
     # ------------------------------------------------------------------------------------------ run
     def run(self) -> TrainResult:
         """Train to the last step; the process group and the run folder are released on every exit path."""
         try:
-            return self._run()
-        except BaseException:
+            with stop_requests() as self._stop:  # SIGINT/SIGTERM: checkpoint after the current step, then stop
+                return self._run()
+        except BaseException as exc:
             self._failed = True
+            peer = dist.lost(exc, self.ctx)
+            if peer is not None:  # a failed collective: another rank stopped (its own output says why)
+                raise peer from exc
             raise
         finally:
             self.close()
@@ -330,8 +352,8 @@ class Trainer:
     def _open_outputs(self, baseline: float) -> None:
         """metrics.jsonl (cut back to the resumed step), config.json, and what the run is, said once."""
         c, resumed = self.config, self.resume_state is not None
-        self.metrics = (MetricsWriter(self.run_dir / METRICS, resume_step=self.step if resumed else None)
-                        if self.ctx.is_main else None)
+        self.metrics = (MetricsWriter(self.run_dir / METRICS, resume_step=self.step if resumed else None,
+                                      log=self.log) if self.ctx.is_main else None)
         if self.metrics is not None and resumed:
             problem = self.metrics.verify(self.resume_state.get("metrics"))
             if problem:
@@ -358,6 +380,9 @@ class Trainer:
         bar = progress_bar(c.progress and self.ctx.is_main, self.total_steps, self.step)
         self.model.train()  # (the loop reads self.ddp each time: no local may keep DDP alive, see close())
         loss_value, val_loss, start, tokens_done = float("nan"), None, time.perf_counter(), 0
+        every = record.checkpoint_interval(c.ckpt_every, self.total_steps)
+        if self.step == 0 and c.ckpt_every is None:
+            self.log(f"checkpoints every {every} steps ({self.names('ckpt_every')} changes it) and on Ctrl-C/SIGTERM")
         while self.step < self.total_steps:
             loss_value, grad_norm, lr = optimizer_step(self, self.step + 1)
             self.step += 1
@@ -378,8 +403,13 @@ class Trainer:
                 bar.update(1)
                 bar.set_postfix(loss=f"{loss_value:.3f}", tok_s=f"{entry['tok_per_s']:,.0f}",
                                 **({"val": f"{val_loss:.3f}"} if val_loss is not None else {}))
-            if self.step % c.ckpt_every == 0 or self.step == self.total_steps:
+            saved = self.step % every == 0 or self.step == self.total_steps
+            if saved:
                 self.save()
+            if dist.any_rank(self._stop.signum is not None, self.ctx):  # every rank stops after the same step
+                if bar is not None:
+                    bar.close()
+                self._interrupted(saved)
         if bar is not None:
             bar.close()
         return loss_value, val_loss
@@ -393,6 +423,19 @@ class Trainer:
             f"training stopped at step {step}: the loss is {loss} and the gradient norm {grad_norm} (lr {lr:.3g}); "
             f"nothing was saved for this step, {kept}. Usual causes: a learning rate too high ({n('lr')} "
             f"{self.config.lr:g}), no warmup, or bf16 overflow (try {n('precision')} fp32).")
+
+    def _interrupted(self, saved: bool) -> None:
+        """A stop was requested (on some rank): checkpoint this step unless it just was, and raise."""
+        if not saved:
+            self.save()
+        if self.metrics is not None:
+            self.metrics.close()
+        newest = ckpt.list_checkpoints(self.run_dir)[-1] if self.ctx.is_main else None
+        raise TrainingInterrupted(
+            f"stopped by {self._stop.name if self._stop.signum is not None else 'another rank'} after step "
+            f"{self.step}/{self.total_steps}: checkpoint {newest} written; continue the run with "
+            f"{self.names('resume')} {self.run_dir}", run_dir=self.run_dir, step=self.step, checkpoint=newest,
+            signum=self._stop.signum or 15)
 
     def save(self) -> None:
         """Checkpoint the current step (see :func:`attnkit.training.record.save`)."""

@@ -7,34 +7,45 @@ import json
 from pathlib import Path
 
 from attnkit.runs.read import read_metrics  # (defined with the run reader: the report reads metrics too)
-from attnkit.runs.write import replacing
+from attnkit.runs.write import replacing, writing
 
 
 class MetricsWriter:
-    """Append records to ``metrics.jsonl``; on resume keep only records up to the resumed step.
+    """Append records to ``metrics.jsonl``; on resume keep every intact record up to the resumed step (a line that
+    is not a record is skipped with a warning through ``log``; the others are never dropped).
 
     :meth:`fingerprint` (the record count and a SHA-256 of the lines written so far) goes into every
     checkpoint, so a resume notices a history that was cut or edited (:meth:`verify`).
     """
 
-    def __init__(self, path: str | Path, *, resume_step: int | None = None):
+    def __init__(self, path: str | Path, *, resume_step: int | None = None, log=print):
         self.path = Path(path)
         self._hash, self._count = hashlib.sha256(), 0
         kept = []
-        if resume_step is not None:
-            kept = [r for r in read_metrics(self.path) if r.get("step", 0) <= resume_step]
-        if self.path.exists() or self.path.is_symlink():
-            self.path.unlink()
-        self._file = open(self.path, "a")  # noqa: SIM115 - open for the whole run, closed by close()
+        if resume_step is not None:  # every intact record up to the checkpoint; a bad line is skipped, said
+            kept = [r for r in read_metrics(self.path, on_skip=lambda m: log(f"WARNING: {m}"))
+                    if r["step"] <= resume_step]
+        with replacing(self.path) as f:  # the kept history replaces the file at once: a kill leaves one or the other
+            f.write("".join(self._line(r) for r in kept).encode())
+        with writing(self.path):
+            self._file = open(self.path, "a")  # noqa: SIM115 - open for the whole run, closed by close()
         for record in kept:
-            self.write(record)
+            self._count_line(self._line(record))
 
-    def write(self, record: dict) -> None:
-        line = json.dumps(record) + "\n"
-        self._file.write(line)
-        self._file.flush()
+    @staticmethod
+    def _line(record: dict) -> str:
+        return json.dumps(record) + "\n"
+
+    def _count_line(self, line: str) -> None:
         self._hash.update(line.encode())
         self._count += 1
+
+    def write(self, record: dict) -> None:
+        line = self._line(record)
+        with writing(self.path):  # disk full: a typed error naming the file (a cut last line is skipped on reading)
+            self._file.write(line)
+            self._file.flush()
+        self._count_line(line)
 
     def fingerprint(self) -> dict:
         return {"records": self._count, "sha256": self._hash.hexdigest()}

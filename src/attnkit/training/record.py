@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import math
 import uuid
 from dataclasses import asdict
 from pathlib import Path
@@ -11,6 +12,17 @@ from pathlib import Path
 from attnkit.runs import write as ckpt
 from attnkit.runs.read import RUN_CONFIG
 from attnkit.training import dist
+
+#: a run without ``ckpt_every`` checkpoints about this many times, and at least every MAX_CKPT_EVERY steps
+CKPTS_PER_RUN, MAX_CKPT_EVERY = 10, 100
+
+
+def checkpoint_interval(ckpt_every: int | None, total_steps: int) -> int:
+    """Steps between checkpoints: ``ckpt_every`` when set, else a tenth of the run (at most 100 steps), so a short
+    run (``make demo``, every ``--minutes`` run) has checkpoints long before its end."""
+    if ckpt_every is not None:
+        return ckpt_every
+    return max(1, min(MAX_CKPT_EVERY, math.ceil(total_steps / CKPTS_PER_RUN)))
 
 
 def new_run_id() -> str:

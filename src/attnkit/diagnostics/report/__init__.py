@@ -56,13 +56,12 @@ def tokenize(model: nn.Module, text: str, tokenizer=None) -> tuple[torch.Tensor,
     else attnkit's byte tokenizer (attnkit models, vocab 257)."""
     if tokenizer is None and type(model).__module__.startswith("transformers."):
         path = getattr(getattr(model, "config", None), "_name_or_path", "")
-        try:
-            from transformers import AutoTokenizer
+        from attnkit.integrations.hf.folders import load_tokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(path)
-        except Exception as exc:  # noqa: BLE001 - no tokenizer files: say how to fix it
-            raise AttnkitValueError(f"no tokenizer found for the Hugging Face model at {path!r} ({type(exc).__name__}); "
-                                    "pass tokenizer=... or token ids instead of text.") from exc
+        tokenizer = load_tokenizer(path) if path else None  # never the folder's code (refused by name)
+        if tokenizer is None:
+            raise AttnkitValueError(f"no tokenizer found for the Hugging Face model at {path!r}; pass tokenizer=... "
+                                    "or token ids instead of text.")
     if tokenizer is not None:
         ids = tokenizer(text, return_tensors="pt")["input_ids"]  # (1, L)
         return ids, [t.replace("\u0120", "\u2423").replace("\u2581", "\u2423")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
-from attnkit.errors import AttnkitValueError
-from attnkit.integrations.remote_code import read_config
+from attnkit.errors import AttnkitValueError, EnvironmentUnsupportedError
+from attnkit.integrations.remote_code import check_tokenizer, read_config
 
 #: transformers model types that are bidirectional encoders (loaded with a masked-LM head, examined as encoders)
 HF_ENCODER_TYPES = {"bert", "roberta", "distilbert", "albert", "electra", "xlm-roberta", "deberta", "deberta-v2",
@@ -28,11 +28,86 @@ def load_hf(path: str | Path, *, dtype: torch.dtype = torch.float32):
     if not (folder / "config.json").is_file():
         raise AttnkitValueError(f"--hf {str(path)!r} is not a Hugging Face model folder (no config.json); pass the "
                                 "folder that holds config.json and the weights.")
-    read_config(folder)  # refuses auto_map (custom code) first
-    config = tf.AutoConfig.from_pretrained(folder, trust_remote_code=False, local_files_only=True)
+    config = load_config(folder)  # refuses auto_map (custom code) and a malformed config.json first
     family = family_of(config.model_type)
     auto = tf.AutoModelForCausalLM if family.lm_head else tf.AutoModel  # BERT: the encoder (BertModel)
+    check_weights(auto, config, folder, dtype)
     return load_pretrained(auto, folder, optional=("pooler.",), dtype=dtype)  # BERT's pooler is not converted
+
+
+#: config.json fields that are sizes when present: a positive int (a wrong type crashes deep in transformers)
+SIZE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+               "max_position_embeddings", "n_embd", "n_layer", "n_head", "n_positions")
+#: config.json fields that are numbers when present (null allowed: transformers' default)
+NUMBER_FIELDS = ("rope_theta", "rms_norm_eps", "layer_norm_eps", "layer_norm_epsilon", "initializer_range")
+
+
+def load_config(folder: Path):
+    """The transformers config of ``folder``: ``auto_map`` refused (custom code), then a ``config.json`` that
+    transformers would crash on (no ``model_type``, a size that is not a positive int, a number field that is not a
+    number, any other field transformers rejects) is a typed error naming config.json and the field."""
+    from attnkit.integrations.hf._deps import transformers
+
+    raw = read_config(folder)
+    where = str(Path(folder) / "config.json")
+    restore = "restore the config.json that save_pretrained wrote with the weights."
+
+    def bad(field: str, expected: str):
+        raise AttnkitValueError(f"{where!r}: field {field!r} is {raw.get(field)!r}, expected {expected}; {restore}")
+
+    if not isinstance(raw.get("model_type"), str):
+        bad("model_type", "the model's type as a string (e.g. 'llama')")
+    for name in SIZE_FIELDS:
+        value = raw.get(name, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            bad(name, "a positive int")
+    for name in NUMBER_FIELDS:
+        value = raw.get(name, 1.0)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            bad(name, "a number")
+    try:
+        return transformers().AutoConfig.from_pretrained(folder, trust_remote_code=False, local_files_only=True)
+    except Exception as exc:  # noqa: BLE001 - transformers' and huggingface_hub's own validation errors vary
+        detail = " ".join(line.strip() for line in str(exc).splitlines()[:2])[:300]
+        raise AttnkitValueError(f"{where!r} is not a config transformers accepts ({type(exc).__name__}: {detail}); "
+                                f"{restore}") from exc
+
+
+def has_weights(folder: Path) -> bool:
+    return any(Path(folder).glob("*.safetensors")) or any(Path(folder).glob("*.bin"))
+
+
+def check_weights(auto, config, folder: Path, dtype: torch.dtype = torch.float32) -> int:
+    """Before a model is built from ``folder``: refuse a folder without weight files, and a model larger than the
+    memory available here, saying the size in both cases. Returns the bytes the weights take in ``dtype``."""
+    with torch.device("meta"):  # the architecture without memory: its parameter count
+        model = auto.from_config(config, trust_remote_code=False) if hasattr(auto, "from_config") else auto(config)
+        params = sum(p.numel() for p in model.parameters())
+    need = params * dtype.itemsize
+    size = f"{params:,} parameters, {need / 2**30:.2f} GiB in {str(dtype).removeprefix('torch.')}"
+    if not has_weights(folder):
+        raise AttnkitValueError(
+            f"{str(folder)!r} has a config.json but no weights (*.safetensors or *.bin): there is no trained model to "
+            f"load, only an architecture ({config.model_type}, {size}); add the weight files (save_pretrained writes "
+            "them), or build random weights of it in Python (AutoModelForCausalLM.from_config) and pass the model.")
+    free = available_memory()
+    if free is not None and need > free:
+        raise EnvironmentUnsupportedError(
+            f"{str(folder)!r} holds a model of {size}, more than the {free / 2**30:.2f} GiB of memory available here; "
+            "use a machine with more memory (or a smaller model).")
+    return need
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to a new allocation (``MemAvailable`` of /proc/meminfo), None where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def load_pretrained(auto, folder: Path, *, optional: tuple[str, ...] = (), **kwargs):
@@ -67,3 +142,28 @@ def load_pretrained(auto, folder: Path, *, optional: tuple[str, ...] = (), **kwa
             f"{' ...' if len(missing) > 4 else ''}); transformers would fill them with random values. Restore the "
             "complete weight files (all shards of model.safetensors).")
     return model.eval()
+
+
+#: the files a saved tokenizer has one of (a folder with none has no tokenizer)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "vocab.json", "vocab.txt", "tokenizer.model",
+                   "spiece.model", "sentencepiece.bpe.model")
+
+
+def load_tokenizer(folder: str | Path):
+    """The tokenizer saved in ``folder`` (``AutoTokenizer``, local files only), or None when the folder has no
+    tokenizer files: the one reader of a folder's tokenizer. A tokenizer that asks for the folder's own code is
+    refused by name first (:func:`~attnkit.integrations.remote_code.check_tokenizer`); one that transformers can't
+    load is a typed error naming the folder."""
+    from attnkit.integrations.hf._deps import transformers
+
+    folder = Path(folder)
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        return None
+    check_tokenizer(folder)
+    tf = transformers()
+    try:
+        return tf.AutoTokenizer.from_pretrained(folder, trust_remote_code=False, local_files_only=True)
+    except (OSError, ValueError, TypeError, KeyError) as exc:
+        raise AttnkitValueError(f"the tokenizer in {str(folder)!r} can't be loaded ({type(exc).__name__}: "
+                                f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); restore its files, or pass "
+                                "token ids (attnkit generate --ids).") from exc

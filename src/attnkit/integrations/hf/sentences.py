@@ -35,7 +35,7 @@ def load_encoder(path: str | Path, *, attn_implementation: str = "attnkit", dtyp
     weight files that are incomplete or unreadable (:func:`~attnkit.integrations.hf.folders.load_pretrained`)."""
     import attnkit.integrations.hf  # noqa: F401  (registers "attnkit")
     from attnkit.integrations.hf._deps import transformers
-    from attnkit.integrations.hf.folders import load_pretrained
+    from attnkit.integrations.hf.folders import load_pretrained, load_tokenizer
     from attnkit.integrations.remote_code import read_config
 
     tf = transformers()
@@ -46,7 +46,11 @@ def load_encoder(path: str | Path, *, attn_implementation: str = "attnkit", dtyp
     read_config(folder)  # refuses auto_map (custom code) before transformers sees the folder
     model = load_pretrained(tf.AutoModel, folder, optional=("pooler.",), attn_implementation=attn_implementation,
                             dtype=dtype)
-    return model, tf.AutoTokenizer.from_pretrained(folder, trust_remote_code=False)
+    tokenizer = load_tokenizer(folder)  # refuses a tokenizer that asks for the folder's code
+    if tokenizer is None:
+        raise AttnkitValueError(f"path={str(path)!r} has no tokenizer files; pass the folder that holds config.json, "
+                                "the weights and the tokenizer.")
+    return model, tokenizer
 
 
 def max_length(path: str | Path) -> int | None:

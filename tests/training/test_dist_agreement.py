@@ -1,0 +1,115 @@
+"""The ranks of one run agree or stop (issue 21 item 10), with 2 gloo processes on 127.0.0.1 in bounded time:
+rank 0 decides precision and the ``--minutes`` step count for every rank; ranks started with different settings
+refuse with a typed error naming them (exit 2 on every rank); a rank that stops answering ends the job with a
+message once the collectives' timeout (``ATTNKIT_DIST_TIMEOUT``) has passed, not after gloo's 30 minutes."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+from train_helpers import cli_args
+
+from attnkit.runs.read import list_checkpoints, read_metrics, read_state
+from attnkit.training import dist as tdist
+
+pytestmark = pytest.mark.skipif(not dist.is_available() or not dist.is_gloo_available(), reason="no gloo")
+WORKER = Path(__file__).with_name("dist_worker.py")
+BOUND = 150  # seconds: a hang fails the test instead of blocking the suite
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _two_ranks(scenario, args_of_rank, timeout_s=None, wait=(0, 1)):
+    """Start ranks 0 and 1 (their own arguments each); return [(returncode, stdout, stderr), ...] of the ranks in
+    ``wait`` and the seconds until they ended (the others are killed then)."""
+    port, procs = _free_port(), []
+    for rank in range(2):
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
+               "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+        if timeout_s is not None:
+            env["ATTNKIT_DIST_TIMEOUT"] = str(timeout_s)
+        procs.append(subprocess.Popen([sys.executable, str(WORKER), scenario, *args_of_rank(rank)], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    start, results = time.monotonic(), []
+    try:
+        for proc in (procs[r] for r in wait):
+            out, err = proc.communicate(timeout=max(1.0, BOUND - (time.monotonic() - start)))
+            results.append((proc.returncode, out, err))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return results, time.monotonic() - start
+
+
+def test_ranks_started_with_different_settings_refuse_naming_them(tmp_path):
+    run = tmp_path / "run"
+    results, _ = _two_ranks("plain", lambda r: cli_args(run, "--steps", "4", "--seq-len", str(32 + 16 * r),
+                                                        "--seed", str(r)))
+    for code, _, err in results:
+        assert code == 2, err[-2000:]
+        assert "the 2 ranks of this run were started with different settings" in err
+        assert "--seed: rank 0 0, rank 1 1" in err and "--seq-len: rank 0 32, rank 1 48" in err
+        assert "Traceback" not in err
+    assert not list_checkpoints(run) and not (run / "metrics.jsonl").exists()  # refused before anything was written
+
+
+def test_rank_0_decides_precision_and_the_minutes_step_count_for_every_rank(tmp_path):
+    run = tmp_path / "run"
+    results, _ = _two_ranks("own-decisions", lambda r: _auto(cli_args(run, "--minutes", "0.003")))
+    for code, _, err in results:
+        assert code == 0, err[-3000:]
+    state = read_state(list_checkpoints(run)[-1])
+    assert state["precision"] == "fp32"  # rank 0's choice (rank 1 alone would have taken bf16)
+    steps = [r["step"] for r in read_metrics(run / "metrics.jsonl")]
+    # rank 0 measured 0.01 s/step: 0.18 s / (0.0115 s per step + 0.0077 s of eval every 6 steps) -> 14 steps
+    # (rank 1's own 0.04 s would give the minimum of 10): both ranks trained rank 0's 14
+    assert state["total_steps"] == 14 and steps == list(range(1, 15))
+    assert "world 2" in results[0][1]
+
+
+def _auto(args):
+    """The arguments with ``--precision auto`` (the helpers pin fp32)."""
+    i = args.index("--precision")
+    return [*args[:i + 1], "auto", *args[i + 2:]]
+
+
+def test_a_rank_that_stops_answering_ends_the_job_with_a_message_in_bounded_time(tmp_path):
+    run = tmp_path / "run"
+    results, seconds = _two_ranks("stops", lambda r: cli_args(run, "--steps", "50"), timeout_s=8, wait=(0,))
+    code, _, err = results[0]
+    assert code == 2, err[-3000:]
+    assert "rank 0: another rank of this run stopped, died or hangs" in err
+    assert "Collectives wait 8 s (ATTNKIT_DIST_TIMEOUT)" in err
+    assert seconds < BOUND
+    assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2]  # step 3 never completed
+
+
+@pytest.mark.parametrize("raw", ["0", "-3", "soon", "inf"])
+def test_a_bad_timeout_is_a_typed_error(monkeypatch, raw):
+    monkeypatch.setenv("ATTNKIT_DIST_TIMEOUT", raw)
+    with pytest.raises(ValueError, match=rf"ATTNKIT_DIST_TIMEOUT must be a number of seconds > 0, got '{raw}'"):
+        tdist.timeout_s()
+
+
+def test_the_settings_check_names_each_difference():
+    every = [{"seq_len": 32, "seed": 0, "lr": 1.0}, {"seq_len": 48, "seed": 0, "lr": 2.0}]
+    ctx = tdist.DistContext(0, 2)
+    original = tdist.dist.all_gather_object
+    try:
+        tdist.dist.all_gather_object = lambda out, mine: out.__setitem__(slice(None), json.loads(json.dumps(every)))
+        with pytest.raises(tdist.RanksDisagree, match=r"\(lr: rank 0 1.0, rank 1 2.0; seq_len: rank 0 32, rank 1 48\)"):
+            tdist.check_same(every[0], ctx)
+    finally:
+        tdist.dist.all_gather_object = original
