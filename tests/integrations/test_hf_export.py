@@ -177,7 +177,12 @@ def test_overwrite_never_deletes_a_trained_run(small_run, tmp_path, capsys):
 
 def test_missing_run_is_named(tmp_path, capsys):
     assert main(["export", str(tmp_path / "nope"), "--hf", str(tmp_path / "out")]) == 2
-    assert f"RUN {str(tmp_path / 'nope')!r} is not a run or checkpoint folder" in capsys.readouterr().err
+    assert f"RUN {str(tmp_path / 'nope')!r} is not a run or checkpoint folder (nothing attnkit opens)" \
+        in capsys.readouterr().err
+    assert main(["export", "hf-llama-tiny", "--hf", str(tmp_path / "out")]) == 2  # read by runs.locate, as doctor does
+    assert "RUN 'hf-llama-tiny' is not a run or checkpoint folder (a hf-tiny target); pass a folder" \
+        in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_folder_whose_logits_differ_is_never_written(small_run, tmp_path, monkeypatch, capsys):

@@ -127,17 +127,23 @@ def pick_family(model, state: dict, family: str | None) -> str:
 def export_run(run_path: str | Path, out: str | Path, *, family: str | None = None,
                overwrite: bool = False) -> tuple[Path, str, float]:
     """Write the run at ``run_path`` as a Hugging Face folder ``out``; returns ``(out, family, max |logit diff|)``."""
-    from attnkit.runs.read import is_checkpoint_or_run
+    from attnkit.runs import locate
 
-    if not Path(run_path).exists() or not is_checkpoint_or_run(run_path):
-        raise AttnkitValueError(f"RUN {str(run_path)!r} is not a run or checkpoint folder; pass a "
-                                "folder `attnkit train --run-dir` or `attnkit convert --out` wrote.")
+    try:
+        where = locate(str(run_path))  # the one reading of a target string (runs/source.py)
+    except AttnkitValueError:
+        where = None
+    if where is None or where.kind not in ("run", "checkpoint"):
+        kind = "nothing attnkit opens" if where is None else f"a {where.kind} target"
+        raise AttnkitValueError(f"RUN {str(run_path)!r} is not a run or checkpoint folder ({kind}); pass a "
+                                "folder `attnkit train --run-dir` or `attnkit convert --out` wrote (a Hugging Face "
+                                "model is one already: `attnkit convert` it first to export it as another family).")
     out = check_out(out, overwrite)
     from attnkit.integrations.hf.convert import to_hf
-    from attnkit.runs import load_model, read_state, resolve, run_tokenizer
+    from attnkit.runs import open_source, read_state, resolve, run_tokenizer
 
-    model = load_model(run_path)
-    family = pick_family(model, read_state(resolve(run_path)), family)
+    model = open_source(where).model
+    family = pick_family(model, read_state(resolve(where.path)), family)
     hf = to_hf(model, family)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
