@@ -59,6 +59,12 @@ def is_ours(path: Path, kind: OutputKind) -> bool:
         return kind.marker in f.read(HEAD_BYTES)
 
 
+def foreign_entries(folder: Path, ours: Callable[[str], bool]) -> list[str]:
+    """The names in ``folder`` that are not regular files attnkit would write there (``ours(name)``): links,
+    sub-folders and every other name. An output folder is recognised positively: empty list = only ours."""
+    return [p.name for p in sorted(folder.iterdir()) if p.is_symlink() or not p.is_file() or not ours(p.name)]
+
+
 def _file_type(mode: int) -> str:
     if stat.S_ISFIFO(mode):
         return "a FIFO (named pipe)"

@@ -63,9 +63,9 @@ def not_an_export(folder: Path) -> str | None:
     """Why ``folder`` is not an earlier export (None when it is one). Recognised positively: a transformers
     ``config.json`` (a ``model_type``, no attnkit ``run_id``), weights, and nothing but regular files that
     ``save_pretrained`` writes: a run (``checkpoints/``, ``metrics.jsonl``, its lock) or any other file is not."""
-    entries = sorted(folder.iterdir())
-    unknown = [p.name for p in entries if p.is_symlink() or not p.is_file()
-               or not (p.name in EXPORT_FILES or SHARD.match(p.name))]
+    from attnkit._files import foreign_entries
+
+    unknown = foreign_entries(folder, lambda name: name in EXPORT_FILES or bool(SHARD.match(name)))
     if unknown:
         return f"it holds {unknown[:5]}, which an export does not write"
     try:

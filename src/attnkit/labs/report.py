@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from attnkit._files import foreign_entries
 from attnkit.errors import AttnkitValueError
 
 #: the files a lab writes into its folder (plus its PNG plots)
@@ -128,8 +129,7 @@ def summary_markdown(name: str, title: str, size: str, verdicts: list[dict], not
 
 def not_a_lab_output(folder: Path, name: str) -> str | None:
     """Why the non-empty ``folder`` is not an earlier output of the lab ``name`` (None when it is one)."""
-    unknown = [p.name for p in sorted(folder.iterdir())
-               if p.is_symlink() or not p.is_file() or not (p.name in OUTPUT_FILES or p.suffix == ".png")]
+    unknown = foreign_entries(folder, lambda entry: entry in OUTPUT_FILES or entry.endswith(".png"))
     if unknown:
         return f"it holds {unknown[:5]}, which a lab does not write"
     try:

@@ -8,16 +8,10 @@ Every name and layout difference lives in :mod:`attnkit.integrations.hf.families
 type: which ``LMConfig`` fields the HF config sets, and which attnkit parameter each HF tensor becomes. attnkit's
 API knows nothing of them; this module runs the conversions.
 
-- GPT-2: ``Conv1D`` weights are stored ``(in, out)`` (transposed against ``nn.Linear``); learned positions;
-  tanh GELU; tied head.
-- LLaMA / Mistral / Qwen2: separate q/k/v projections fused into ``qkv_proj`` (rows ``[Wq; Wk; Wv]``), GQA,
-  RMSNorm, SwiGLU, RoPE in Hugging Face's half-split layout (attnkit's default, so no permutation), RoPE
-  scaling (``linear``, ``yarn``, ``llama3``, static ``ntk``), q/k/v biases (Qwen2), sliding windows (Mistral: every layer;
-  Qwen2: the layers ``layer_types`` marks).
-- BERT: post-norm blocks, token-type embeddings, an embedding LayerNorm, exact GELU; an encoder
-  (``causal=False``). Its MLM head is not part of attnkit's encoder, so ``to_hf`` gives a ``BertModel``
-  (no head): its ``last_hidden_state`` is ``model.encode(tokens)``, and times the word embeddings it is the
-  attnkit model's logits (attnkit's head is tied to the embeddings).
+(GPT-2, LLaMA, Mistral, Qwen2, BERT: what each maps is listed there.) BERT is an encoder; its MLM head is not
+part of attnkit's encoder, so ``to_hf`` gives a ``BertModel`` (no head): its ``last_hidden_state`` is
+``model.encode(tokens)``, and times the word embeddings it is the attnkit model's logits (attnkit's head is tied
+to the embeddings).
 
 A config attnkit can't reproduce exactly raises :class:`~attnkit.errors.BackendUnsupportedError` naming the
 field and its value (e.g. ``rope_type='dynamic'``), never a model that computes something else.
