@@ -91,3 +91,19 @@ def test_importance_figure_and_heatmaps_follow_the_rules(tmp_path):
         save_heatmaps(cap, folder)
     assert (folder / "blocks.0.attn.png").read_bytes() == b"someone else's"
     assert len(save_heatmaps(cap, folder, overwrite=True)) == 2 and len(save_heatmaps(cap, folder)) == 2
+
+
+def test_save_figures_and_plot_paths_follow_the_rules(tmp_path):
+    from attnkit.diagnostics.viz import metric_bars, save_figures
+
+    model = build_lm("nano").eval()
+    (tmp_path / "grid.png").write_bytes(b"someone else's")
+    with pytest.raises(AttnkitValueError, match=r"out_dir '.*grid\.png' exists and is not an attnkit figure"):
+        save_figures(model, "hello", tmp_path)
+    assert not (tmp_path / "heatmap.png").exists()  # checked before any figure is drawn
+    paths = save_figures(model, "hello", tmp_path, overwrite=True)
+    assert all(PNG.marker in p.read_bytes()[:4096] for p in paths.values())
+    assert save_figures(model, "hello", tmp_path).keys() == paths.keys()  # its own figures: replaced
+    (tmp_path / "bars.png").write_bytes(b"x")
+    with pytest.raises(AttnkitValueError, match="path '.*bars.png' exists and is not an attnkit figure"):
+        metric_bars([{"layer": 0, "head": 0, "entropy": 1.0}], path=tmp_path / "bars.png")

@@ -135,9 +135,9 @@ def mask_picture(allowed: torch.Tensor, *, labels=None, title: str = "mask", ax=
 
 
 def head_grid(layers: list[torch.Tensor], *, names: list[str] | None = None, verdicts: list[list[str]] | None = None,
-              path: str | Path | None = None):
+              path: str | Path | None = None, overwrite: bool = False):
     """A layers x heads grid of thumbnails from one ``(H, L, L)`` tensor per layer; a border colour per verdict.
-    Returns the figure (saved to ``path`` when given)."""
+    Returns the figure (saved to ``path`` when given, by :func:`save_png`'s rules)."""
     plt = _plt()
     if not layers:
         raise AttnkitValueError("head_grid needs at least one layer of weights (H, L, L).")
@@ -164,13 +164,15 @@ def head_grid(layers: list[torch.Tensor], *, names: list[str] | None = None, ver
     fig.suptitle("attention per head (colour: sqrt p; border: verdict)", fontsize=9)
     fig.tight_layout()
     if path is not None:
-        fig.savefig(path, dpi=100)
+        save_png(fig, path, overwrite=overwrite)
     return fig
 
 
-def metric_bars(table: list[dict], metric: str = "entropy", *, path: str | Path | None = None, ax=None):
+def metric_bars(table: list[dict], metric: str = "entropy", *, path: str | Path | None = None, ax=None,
+                overwrite: bool = False):
     """One bar per head (grouped by layer) of ``metric`` from report rows (``layer``, ``head``, ``verdict`` and the
-    metric), coloured by verdict. Returns the axes (the figure saved to ``path`` when given)."""
+    metric), coloured by verdict. Returns the axes (the figure saved to ``path`` when given, by :func:`save_png`'s
+    rules)."""
     import matplotlib.patches as mpatches
 
     plt = _plt()
@@ -199,7 +201,7 @@ def metric_bars(table: list[dict], metric: str = "entropy", *, path: str | Path 
     ax.legend(handles=[mpatches.Patch(color=VERDICT_COLOURS.get(v, "#888"), label=v) for v in present], fontsize=8)
     if path is not None:
         ax.figure.tight_layout()
-        ax.figure.savefig(path, dpi=100)
+        save_png(ax.figure, path, overwrite=overwrite)
     return ax
 
 
@@ -243,9 +245,10 @@ def save_heatmaps(cap, folder: str | Path, *, batch_index: int = 0, max_heads: i
 
 
 def save_figures(model, tokens, out_dir: str | Path, *, labels=None, tokenizer=None, layer: int = 0, head: int = 0,
-                 metric: str = "entropy") -> dict[str, Path]:
+                 metric: str = "entropy", overwrite: bool = False) -> dict[str, Path]:
     """The static figures of one input: ``heatmap.png`` (layer/head), ``grid.png``, ``mask.png`` and
-    ``{metric}.png``, under ``out_dir``. Returns ``{figure: path}``."""
+    ``{metric}.png``, under ``out_dir``, each by :func:`save_png`'s rules (an existing PNG attnkit did not write is
+    refused unless ``overwrite``). Returns ``{figure: path}``."""
     from attnkit.diagnostics.report import _as_tokens
     from attnkit.diagnostics.report.collect import collect
     from attnkit.diagnostics.report.page import metrics_table
@@ -257,26 +260,28 @@ def save_figures(model, tokens, out_dir: str | Path, *, labels=None, tokenizer=N
         raise AttnkitValueError(f"layer={layer}, head={head} is outside the model's {len(data.layers)} layers x "
                                 f"{data.layers[0].num_heads} heads; pick indices from 0.")
     out = Path(out_dir)
+    for name in ("heatmap", "grid", "mask", metric):  # every name before any figure is drawn
+        _files.check_out(out / f"{name}.png", PNG, overwrite, option="out_dir")
     out.mkdir(parents=True, exist_ok=True)
     chosen = data.layers[layer]
     allowed = None if chosen.allowed is None else chosen.allowed[min(head, chosen.allowed.shape[0] - 1)]
     paths = {}
     ax = heatmap(chosen.weights[head], labels=labels, allowed=allowed, title=f"layer {layer} ({chosen.name}), head {head}")
     ax.figure.tight_layout()
-    ax.figure.savefig(out / "heatmap.png", dpi=100)
+    save_png(ax.figure, out / "heatmap.png", overwrite=overwrite)
     plt.close(ax.figure)
     paths["heatmap"] = out / "heatmap.png"
     fig = head_grid([x.weights for x in data.layers], names=[x.name for x in data.layers],
-                    verdicts=[x.verdicts for x in data.layers], path=out / "grid.png")
+                    verdicts=[x.verdicts for x in data.layers], path=out / "grid.png", overwrite=overwrite)
     plt.close(fig)
     paths["grid"] = out / "grid.png"
     if allowed is not None:
         ax = mask_picture(allowed, labels=labels, title=f"mask of {chosen.name}")
         ax.figure.tight_layout()
-        ax.figure.savefig(out / "mask.png", dpi=100)
+        save_png(ax.figure, out / "mask.png", overwrite=overwrite)
         plt.close(ax.figure)
         paths["mask"] = out / "mask.png"
-    ax = metric_bars(metrics_table(data), metric, path=out / f"{metric}.png")
+    ax = metric_bars(metrics_table(data), metric, path=out / f"{metric}.png", overwrite=overwrite)
     plt.close(ax.figure)
     paths[metric] = out / f"{metric}.png"
     return paths
