@@ -243,3 +243,27 @@ def test_positions_already_int64_skip_only_the_conversion(kind):
         cache.update(*kv(), torch.tensor([[3]]))
     cache.update(*kv(), torch.tensor([[2]]))
     assert cache.length == 3
+
+
+def test_static_cache_eager_updates_read_no_cursor_from_the_device():
+    """The cursor lives on the device (one compiled graph serves every step); eager updates keep its value on the
+    host, so an eager decode step needs no host sync (int(cursor) is one per layer per step on CUDA), and the
+    full-cache check still fires."""
+    reads = []
+
+    class Cursor(torch.Tensor):
+        def __int__(self):
+            reads.append(1)
+            return super().__int__()
+
+    cache = StaticCache(2, 2, 4, max_length=4)
+    cache._cursor = cache._cursor.as_subclass(Cursor)
+    cache.update(*kv(n=2), pos(0, 2))
+    cache.update(*kv(), pos(2, 1))
+    assert cache.length == 3 and reads == []
+    with pytest.raises(CacheFullError, match=r"holds max_length=4 tokens, has 3 and got 2"):
+        cache.update(*kv(n=2), pos(3, 2))
+    cache._host_length = None  # as after a compiled step: the value is read back once
+    assert cache.length == 3 and reads == [1]
+    cache.reset()
+    assert cache.length == 0 and reads == [1]
