@@ -6,8 +6,9 @@
 shapes are what ``torch.compile`` (and CUDA graphs) want: one compiled graph serves every decode step (the write
 cursor is a tensor, so no Python int changes between steps); eager updates also keep its value on the host,
 so an eager step does not read the cursor back (the positions check still compares on the device). Writing
-more than ``max_length`` tokens raises :class:`~attnkit.cache.base.CacheFullError` in eager mode; inside ``torch.compile`` the value checks (full,
-positions continuing) are skipped, as they need a host sync, and an overflowing write fails in ``index_copy_``.
+more than ``max_length`` tokens raises :class:`~attnkit.cache.base.CacheFullError` in eager mode; inside
+``torch.compile`` the value checks (full, positions continuing) are skipped, as they need a host sync, and an
+overflowing write fails in ``index_copy_``.
 
 Shape legend: B batch, Hkv key/value heads, Lnew new tokens, M max_length, D head dim.
 """
