@@ -18,7 +18,8 @@ medium     768        12     12        1024       ~85 M
 
 from __future__ import annotations
 
-from attnkit.errors import AttnkitValueError
+from attnkit.errors import AttnkitTypeError, AttnkitValueError
+from attnkit.models.config import RENAMED_FIELDS
 from attnkit.models.lm import LMConfig, TransformerLM
 
 PRESETS: dict[str, dict] = {
@@ -33,6 +34,10 @@ def lm_config(preset: str = "tiny", **overrides) -> LMConfig:
     """The :class:`LMConfig` of a preset with any field overridden (``None`` values are ignored)."""
     if preset not in PRESETS:
         raise AttnkitValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}.")
+    old = sorted(set(overrides) & set(RENAMED_FIELDS))
+    if old:
+        raise AttnkitTypeError(f"LMConfig fields were renamed: pass {', '.join(f'{RENAMED_FIELDS[o]}=' for o in old)} "
+                               f"instead of {', '.join(f'{o}=' for o in old)} (got {old}).")
     return LMConfig(**{**PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None}})
 
 

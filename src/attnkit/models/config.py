@@ -14,6 +14,20 @@ from attnkit.errors import AttnkitValueError
 
 POSITIONS = ("rope", "alibi", "sinusoidal", "learned", "none")
 ROPE_STYLES = ("half", "interleaved")
+#: fields renamed to the glossary's names (issue 20): old name -> new name. Configs written before the rename
+#: (checkpoints, config.json, a run's saved model overrides) still load; writing uses the new names only.
+RENAMED_FIELDS = {"dim": "embed_dim", "n_layers": "num_layers", "n_heads": "num_heads",  # rename-lmconfig: skip
+                  "n_kv_heads": "num_kv_heads"}  # rename-lmconfig: skip
+
+
+def renamed_fields(data: dict) -> dict:
+    """``data`` (LMConfig fields by name) with each old field name of :data:`RENAMED_FIELDS` replaced by its new
+    name; a key given under both names is refused."""
+    both = sorted(old for old, new in RENAMED_FIELDS.items() if old in data and new in data)
+    if both:
+        raise AttnkitValueError(f"LMConfig fields {both} are given under both their old and new names "
+                                f"({', '.join(f'{o} -> {RENAMED_FIELDS[o]}' for o in both)}); keep only the new one.")
+    return {RENAMED_FIELDS.get(key, key): value for key, value in data.items()}
 
 
 @dataclass(frozen=True)
@@ -128,6 +142,8 @@ class LMConfig:
 
     @classmethod
     def from_dict(cls, data: dict) -> LMConfig:
+        """The config ``data`` describes; old field names (:data:`RENAMED_FIELDS`) are read as the new ones."""
+        data = renamed_fields(data)
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
