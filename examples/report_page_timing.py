@@ -22,7 +22,7 @@ import sys, warnings, torch, attnkit as ak
 from attnkit.models.builders import build_lm
 warnings.simplefilter("ignore")
 torch.manual_seed(0)
-model = build_lm("nano", n_layers=4, n_heads=12, dim=96, max_seq_len=4096).eval()
+model = build_lm("nano", num_layers=4, num_heads=12, dim=96, max_seq_len=4096).eval()
 text = ("The quick brown fox jumps over the lazy dog. " * 100)[:int(sys.argv[1])]
 ak.diagnostics.report(model, text, out=sys.argv[2], doctor=False)
 """

@@ -146,7 +146,7 @@ def run(args) -> int:
     measured = evidence.get("median_s", {})  # {"fp32": s, "bf16": s} when bf16 runs here, else {}
     def ref_model():
         torch.manual_seed(0)
-        return RefGPT(config.vocab_size, config.dim, config.n_layers, config.n_heads, args.seq_len).train()
+        return RefGPT(config.vocab_size, config.embed_dim, config.num_layers, config.num_heads, args.seq_len).train()
 
     fns = {
         "reference fp32": _step_fn(ref_model(), ref_loss, "fp32", device),
