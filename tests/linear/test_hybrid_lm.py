@@ -32,7 +32,8 @@ def test_hybrid_decoding_equals_full_forward(kinds):
 
 def test_hybrid_generation_is_greedy_consistent():
     torch.manual_seed(0)
-    model = TransformerLM(LMConfig(vocab_size=40, embed_dim=32, num_layers=2, num_heads=4, attention=("linear", "softmax"))).eval()
+    model = TransformerLM(LMConfig(vocab_size=40, embed_dim=32, num_layers=2, num_heads=4,
+                                   attention=("linear", "softmax"))).eval()
     prompt = [1, 5, 7, 9]
     new = generate(model, [prompt], max_new_tokens=6)[0]
     tokens = list(prompt)
