@@ -243,7 +243,11 @@ def main(argv=None) -> int:
     notes, changed = [], []
     for path in files(Path(args.root)):
         text = path.read_text(encoding="utf-8")
-        new = rename_python(text, path, notes) if path.suffix == ".py" else rename_markdown(text)
+        try:
+            new = rename_python(text, path, notes) if path.suffix == ".py" else rename_markdown(text)
+        except SyntaxError as exc:  # e.g. conflict markers: fix the file, then rerun
+            notes.append(f"{path}: not Python ({exc.msg}, line {exc.lineno}); left alone, fix it and rerun")
+            continue
         if new != text:
             changed.append(path)
             if not args.check:
