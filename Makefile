@@ -22,6 +22,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
+	@echo "make demo: 3 minutes of training (the run ends at its deadline, start-up included), then the HTML report (seconds)"
 	$(VENV)/bin/attnkit train --preset tiny --minutes 3 --samples --run-dir runs/demo --overwrite
 	$(VENV)/bin/attnkit report runs/demo --text "def forward(self, x): return self.attention(x) + x"
 

@@ -34,14 +34,22 @@ class PlainLines:
     and a closing ``done`` line when anything was printed."""
 
     def __init__(self, total: int | None, desc: str, unit: str, stream, *, delay: float = DELAY,
-                 every: float = EVERY, clock: Callable[[], float] = time.monotonic):
+                 every: float = EVERY, clock: Callable[[], float] = time.monotonic, initial: int = 0):
         self.total, self.desc, self.unit, self.stream = total, desc, unit, stream
         self.delay, self.every, self.clock = delay, every, clock
-        self.n, self.start, self.printed_at = 0, clock(), None
+        self.n, self.start, self.printed_at, self.postfix = initial, clock(), None, ""
 
     def _count(self) -> str:
         of = f"/{self.total}" if self.total is not None else ""
-        return f"{self.n}{of} {self.unit}{'s' if self.unit and (self.total or self.n) != 1 else ''}"
+        postfix = f", {self.postfix}" if self.postfix else ""
+        return f"{self.n}{of} {self.unit}{'s' if self.unit and (self.total or self.n) != 1 else ''}{postfix}"
+
+    def set_postfix(self, **values) -> None:
+        """What the next line says after the count (tqdm's call): ``loss=2.31, val=2.40``."""
+        self.postfix = ", ".join(f"{k}={v}" for k, v in values.items())
+
+    def refresh(self) -> None:
+        """(tqdm's call after a change of ``total``: the next line shows it.)"""
 
     def update(self, n: int = 1) -> None:
         self.n += n
@@ -55,6 +63,22 @@ class PlainLines:
         if self.printed_at is not None:
             print(f"{self.desc}: {self._count()}, done in {self.clock() - self.start:.0f} s", file=self.stream,
                   flush=True)
+
+
+def bar(total: int | None, *, desc: str | None = None, unit: str = "step", initial: int = 0, stream=None):
+    """A progress object for a loop that counts for itself (``update(n)``, ``set_postfix(...)``, ``total``,
+    ``close()``): a tqdm bar on a terminal, :class:`PlainLines` elsewhere (from the first update: the caller
+    chose to show progress), None when ``ATTNKIT_PROGRESS=0``."""
+    stream = sys.stderr if stream is None else stream
+    mode = _mode(stream)
+    if mode == "off":
+        return None
+    if mode == "bar":
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, initial=initial, desc=desc, unit=unit, dynamic_ncols=True, smoothing=0.1,
+                    file=stream)
+    return PlainLines(total, desc or "progress", unit, stream, delay=0.0, every=EVERY, initial=initial)
 
 
 def progress(iterable: Iterable, *, desc: str, unit: str = "step", total: int | None = None,

@@ -247,7 +247,10 @@ def build_call(q, k, v, mask=None, *, bias=None, scale=None, softcap=None, dropo
     check_mask(mask, shape, q.device)
     if bias is not None:
         check_bias(bias, shape, H)
-    scale = 1.0 / math.sqrt(D) if scale is None else check_scalar(
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+    elif not (type(scale) is float and 0.0 < scale < math.inf):  # (a positive finite float needs no more check)
+        scale = check_scalar(
         scale, "scale", low=0.0, high=math.inf, low_open=True, fix="omit it for the default 1/sqrt(head_dim).")
     if softcap is not None:
         softcap = check_scalar(softcap, "softcap", low=0.0, high=math.inf, low_open=True,

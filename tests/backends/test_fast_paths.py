@@ -63,7 +63,9 @@ def test_folded_gqa_decode_equals_the_reference(folded_calls, dtype, heads, q_le
     q = torch.randn(B, H, q_len, D).to(dtype)
     k, v = (torch.randn(B, Hkv, Lk, D).to(dtype) for _ in range(2))
     _check(q, k, v, MASKS[mask_name](B, Lk))
-    assert folded_calls == [(q_len, H, Hkv)], "the decode-sized GQA call did not run folded"
+    # one bf16 query per head with G < 8 stays on SDPA's own single-query path (sdpa.FOLD_MIN_GROUP_HALF_SINGLE_QUERY)
+    unfolded = dtype == torch.bfloat16 and q_len == 1 and H // Hkv < 8
+    assert folded_calls == ([] if unfolded else [(q_len, H, Hkv)]), "the call's fold decision is not the rule's"
 
 
 def test_fold_is_skipped_where_rows_cannot_be_regrouped(folded_calls):

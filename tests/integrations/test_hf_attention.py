@@ -362,3 +362,23 @@ def test_layers_share_one_prepared_mask_per_forward(family):
     ids, am = _batch("left", batch=2)
     calls = _compare(family, ids, am)
     assert len(calls) == 2 and calls[0].prepared is calls[1].prepared, "each layer prepared the mask again"
+
+
+def test_attention_forward_reads_backend_and_weights_flag_wherever_they_are_set():
+    """The per-layer reads go through the instance dicts (cheap); a class attribute or a config without
+    transformers' ``_output_attentions`` field is still honoured."""
+    from types import SimpleNamespace
+
+    from attnkit.integrations.hf.attention import _backend_of, _wants_weights
+
+    class Layer(torch.nn.Module):
+        attnkit_backend = "math"
+
+    layer = Layer()
+    assert _backend_of(layer) == "math" and _backend_of(torch.nn.Linear(2, 2)) == "auto"
+    layer.attnkit_backend = "sdpa"
+    assert _backend_of(layer) == "sdpa"
+    layer.config = SimpleNamespace(output_attentions=True)  # no _output_attentions field
+    assert _wants_weights(layer, {}) is True and _wants_weights(layer, {"output_attentions": False}) is False
+    layer.config = SimpleNamespace(_output_attentions=False, output_attentions=True)
+    assert _wants_weights(layer, {}) is False  # transformers' field is the flag its property returns

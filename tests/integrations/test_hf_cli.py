@@ -39,8 +39,9 @@ def test_convert_then_generate_speaks_the_models_tokens(hf_folder, tmp_path, cap
     ids = torch.tensor([tokenizer.encode(prompt, add_special_tokens=False)])
     with torch.no_grad():
         new = hf.generate(input_ids=ids, max_new_tokens=12, do_sample=False, pad_token_id=0, eos_token_id=None)
-    want = prompt + tokenizer.decode(new[0, ids.shape[1]:].tolist(), skip_special_tokens=True)
-    assert printed == want
+    # prompt and continuation decoded together, with the tokenizer's spacing (issue 23: not the prompt text glued to
+    # the continuation's own decoding, "Once upon a timeindependent"; here a WordPiece "fox##...")
+    assert printed == tokenizer.decode(new[0].tolist(), skip_special_tokens=True)
 
 
 def test_generate_on_a_hugging_face_folder_equals_convert_then_generate(hf_folder, tmp_path, capsys):
@@ -216,3 +217,11 @@ def test_unreadable_weights_are_typed_errors_and_a_pickle_never_runs(hf_folder, 
         assert "a pickle that holds more than plain tensors (Trying to load unsupported GLOBAL posix.system" in \
             capsys.readouterr().err
     assert not marker.exists()
+
+
+def test_convert_says_each_phase(hf_folder, tmp_path, capsys):
+    folder, _, _ = hf_folder
+    assert main(["convert", "--hf", str(folder), "--out", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"convert: loading {folder} with transformers"
+    assert out[1].startswith("convert: llama -> attnkit, ") and out[1].endswith(f"parameters; writing {tmp_path / 'run'}")

@@ -192,3 +192,30 @@ def test_the_library_refuses_more_tokens_than_learned_positions_hold():
                                                 r"the model's learned positions hold 16; pass max_new_tokens=12 or less"):
         generate(model, [[1, 2, 3, 4], [5]], max_new_tokens=13)
     assert len(generate(model, [[1, 2, 3, 4]], max_new_tokens=12)[0]) == 12
+
+
+@pytest.mark.parametrize(("positions", "lab"), [("rope", "RoPE lost 14% at 4x"), ("alibi", "ALiBi stayed flat"),
+                                                ("sinusoidal", "sinusoidal positions lost 23%")])
+def test_generation_past_the_built_length_warns_with_the_positions_lab_result(positions, lab):
+    """issue 23 item 3: computed positions extrapolate (a warning naming the length and the lab's measurement);
+    inside the length, no warning."""
+    import warnings
+
+    from attnkit.models.builders import build_lm
+    from attnkit.models.generation import LengthWarning
+
+    model = build_lm("nano", vocab_size=50, max_seq_len=16, positions=positions).eval()
+    with pytest.warns(LengthWarning, match=rf"reaches position 20, past the 16 the model was built for "
+                                           rf"\({positions} positions\).*{lab}.*max_new_tokens=12 or less"):
+        stream_generate(model, [[1, 2, 3, 4]], max_new_tokens=16)  # warned when called, before any token
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", LengthWarning)
+        assert len(generate(model, [[1, 2, 3, 4]], max_new_tokens=12)[0]) == 12
+
+
+def test_learned_positions_refuse_when_called_before_any_token():
+    from attnkit.models.builders import build_lm
+
+    model = build_lm("nano", vocab_size=50, max_seq_len=16, positions="learned").eval()
+    with pytest.raises(AttnkitValueError, match="the model's learned positions hold 16; pass max_new_tokens=12"):
+        stream_generate(model, [[1, 2, 3, 4]], max_new_tokens=13)  # no next(): refused at the call

@@ -131,9 +131,10 @@ def test_resume_in_process_continues_exactly(tmp_path):
     assert losses[0] == losses[1] and len(losses[0]) == 8
 
 
-def test_time_budget_sets_the_step_count_once(tmp_path):
+def test_time_budget_plans_a_step_count_that_the_config_states(tmp_path):
     trainer = Trainer(small_config(tmp_path, time_budget=2.0, steps=1), log=lambda *a: None)
-    assert trainer.total_steps >= 10
+    assert trainer.config.steps == trainer.total_steps == trainer.first_plan >= 1  # not the unused steps=1
+    trainer.close()
 
 
 @pytest.mark.skipif(not prec.bf16_supported(torch.device("cpu")), reason="no native bf16 on this CPU")
@@ -184,3 +185,13 @@ def test_fresh_run_refuses_a_folder_with_checkpoints_unless_overwrite(tmp_path):
         train(small_config(tmp_path, steps=4), **quiet)
     train(small_config(tmp_path, steps=4, ckpt_every=2, overwrite=True), **quiet)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000002", "step_00000004"]
+
+
+def test_overfit_check_shows_progress_lines_on_a_non_terminal(tmp_path, capsys, monkeypatch):
+    """issue 23 item 2: the step progress is plain lines where stderr is not a terminal (tqdm's carriage returns
+    elsewhere), named after what runs, with the loss."""
+    monkeypatch.delenv("ATTNKIT_PROGRESS", raising=False)
+    args = [a for a in cli_args(tmp_path, "--overfit", "--steps", "4") if a != "--no-progress"]
+    main(args)
+    err = capsys.readouterr().err
+    assert "overfit check: 1/4 steps, loss=" in err and "overfit check: 4/4 steps, loss=" in err and "\r" not in err

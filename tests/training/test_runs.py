@@ -55,8 +55,8 @@ def test_clip_inf_turns_clipping_off():
 
 
 @pytest.mark.parametrize(("flags", "words"), [
-    (["--clip", "-1"], "clip must be"), (["--clip", "0"], "clip must be"),
-    (["--weight-decay", "-1"], "weight_decay must be"), (["--seq-len", "0"], "seq_len must be an int >= 2"),
+    (["--clip", "-1"], "--clip must be"), (["--clip", "0"], "--clip must be"),
+    (["--weight-decay", "-1"], "--weight-decay must be"), (["--seq-len", "0"], "--seq-len must be an int >= 2"),
 ])
 def test_cli_flag_mistakes_exit_2_with_the_message_alone(tmp_path, flags, words):
     out = run_cli(cli_args(tmp_path / "run", "--steps", "2", *flags))
@@ -443,3 +443,47 @@ def test_a_killed_overwrite_of_a_converted_run_removes_the_new_runs_files(tmp_pa
     RunFolder(run, log=_quiet).acquire().release()
     assert sorted(p.name for p in run.iterdir()) == [".attnkit.lock", "checkpoints"]
     assert ckpt.read_state(ckpt.resolve(run))["step"] == 0
+
+
+def test_generate_on_something_that_is_not_a_run_lists_the_runs_it_can_see(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["generate", "--checkpoint", "notes.txt", "--prompt", "a"]) == 2
+    assert "No run folder in runs/ or in '.'" in capsys.readouterr().err
+    train(small_config(tmp_path / "runs" / "first", steps=1), log=lambda *a: None)
+    (tmp_path / "runs" / "not-a-run").mkdir()
+    assert main(["generate", "--checkpoint", "notes.txt", "--prompt", "a"]) == 2
+    assert "Runs here: runs/first." in capsys.readouterr().err
+
+
+def test_everything_a_run_writes_has_one_permission_mode_from_the_umask(tmp_path):
+    """issue 23 item 5: checkpoint folders were 0700 (mkdtemp) and their weights 0600 beside a 0755 run folder;
+    now every folder and file a run writes has what mkdir / open give under the umask."""
+    for mask in (0o022, 0o077):
+        old = os.umask(mask)
+        try:
+            run = tmp_path / f"run-{mask:o}"
+            train(small_config(run, steps=2, ckpt_every=1), log=_quiet)
+        finally:
+            os.umask(old)
+        modes = {str(p.relative_to(run)): p.stat().st_mode & 0o777 for p in [run, *run.rglob("*")]}
+        want = {name: (0o777 if (run / name).is_dir() else 0o666) & ~mask for name in modes}
+        assert modes == want
+
+
+def test_generate_on_a_damaged_checkpoint_suggests_no_train_flag(tmp_path, capsys):
+    """issue 23 item 4: the hint of a damaged checkpoint fits every command (generate has no --resume)."""
+    run = tmp_path / "run"
+    train(small_config(run, steps=2, ckpt_every=1), log=_quiet)
+    newest = ckpt.list_checkpoints(run)[-1]
+    (newest / "model.safetensors").write_bytes(b"damaged")
+    assert main(["generate", str(run), "--prompt", "a", "--max-new-tokens", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "step_00000001 is intact: pass it instead of the damaged one" in err and "--resume" not in err, err
+
+
+def test_rows_longer_than_the_preset_with_computed_positions_are_said(tmp_path):
+    said = []
+    trainer = loop.Trainer(small_config(tmp_path / "run", seq_len=200), log=said.append)
+    trainer.close()
+    assert any("note: seq_len 200 is 1.56x the 'nano' preset's 128 positions: the model is built for rows of 200 "
+               "(rope positions)" in line for line in said), said

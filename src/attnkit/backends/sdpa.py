@@ -28,6 +28,13 @@ from attnkit.masks import Causal
 #: ``enable_gqa``; bf16 1.0x at 512 and 0.9x once at 4096 (noisy); 1.3-1.8x with 4 queries (``bench dispatch``)
 FOLD_MAX_QUERIES = 16
 
+#: ... except one query per head in half precision on CPU with fewer query heads per KV head than this: SDPA's CPU
+#: kernel serves Lq = 1 in bf16 on a path of its own (ctx 512, 8/2 heads: 32 us, against 86 us for Lq = 2) that a
+#: folded call, G rows per KV head, leaves. Measured (2-core Xeon, torch 2.13, D = 64, ctx 40 / 512 / 2048-4096,
+#: B 1 and 8): fold / unfolded speed 0.6-0.7x at G = 2, 0.7-1.07x at G = 4, 1.5-1.85x at G = 8 from ctx 512, and
+#: 1.3-2.7x whenever Lq >= 2 (bf16) or in float32. (``attnkit bench dispatch`` shows the decode cells.)
+FOLD_MIN_GROUP_HALF_SINGLE_QUERY = 8
+
 
 class SDPABackend:
     name = "sdpa"
@@ -113,9 +120,14 @@ def _mask_heads(call: AttentionCall) -> int:
 
 def _foldable(call: AttentionCall, is_causal: bool, mask_heads: int) -> bool:
     """A decode-sized GQA call whose rows may be regrouped: no is_causal flag (top-left rows would move), no bias
-    (per head), no dropout (its random stream would follow the new layout), a mask the same for every head."""
-    return (call.q_len <= FOLD_MAX_QUERIES and not is_causal and call.bias is None and call.dropout_p == 0
-            and mask_heads == 1)
+    (per head), no dropout (its random stream would follow the new layout), a mask the same for every head; and
+    where folding pays (not one half-precision query per head on CPU with G < 8: see the constants above)."""
+    if not (call.q_len <= FOLD_MAX_QUERIES and not is_causal and call.bias is None and call.dropout_p == 0
+            and mask_heads == 1):
+        return False
+    q = call.q
+    return not (call.q_len == 1 and q.dtype in (torch.bfloat16, torch.float16) and q.device.type == "cpu"
+                and q.shape[1] // call.k.shape[1] < FOLD_MIN_GROUP_HALF_SINGLE_QUERY)  # its own fast path wins
 
 
 def _folded(call: AttentionCall, attn_mask: torch.Tensor | None) -> torch.Tensor:

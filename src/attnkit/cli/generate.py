@@ -11,7 +11,13 @@ folder, a Hugging Face folder (converted as ``attnkit convert`` converts it, wit
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import math
 import sys
+import warnings
+
+from attnkit._progress import progress
 
 
 def add_parser(sub) -> None:
@@ -27,14 +33,37 @@ def add_parser(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache", default="dynamic", choices=["dynamic", "static", "sliding"])
     p.add_argument("--device", default="cpu", help="cpu, cuda, cuda:N, mps or auto (default cpu)")
-    p.add_argument("--stream", action="store_true", help="print tokens as they are produced (one prompt)")
+    p.add_argument("--stream", action=argparse.BooleanOptionalAction, default=None,
+                   help="print tokens as they are produced (one prompt; default: on a terminal)")
     p.set_defaults(run=run)
 
 
+def check_flags(args) -> None:
+    """The flags' own values, named as typed, before a model is loaded."""
+    from attnkit.errors import AttnkitValueError
+
+    if args.max_new_tokens < 0:
+        raise AttnkitValueError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}; e.g. --max-new-tokens 200.")
+    if not (math.isfinite(args.temperature) and args.temperature >= 0):
+        raise AttnkitValueError(f"--temperature must be a number >= 0, got {args.temperature}; 0 = greedy, e.g. "
+                                "--temperature 0.8.")
+    if args.top_k is not None and args.top_k < 1:
+        raise AttnkitValueError(f"--top-k must be >= 1, got {args.top_k}; leave it out for no top-k cut.")
+    if args.top_p is not None and not 0 < args.top_p <= 1:
+        raise AttnkitValueError(f"--top-p must be in (0, 1], got {args.top_p}; e.g. --top-p 0.9, or leave it out.")
+    if args.temperature == 0 and (args.top_k is not None or args.top_p is not None):
+        raise AttnkitValueError("--top-k / --top-p only apply when sampling, but --temperature 0 is greedy; pass "
+                                "--temperature > 0 or leave them out.")
+    if args.stream and len(args.prompt) > 1:
+        raise AttnkitValueError(f"--stream prints one prompt's tokens as they come, got {len(args.prompt)} --prompt; "
+                                "pass one --prompt, or leave --stream out to print each completion when done.")
+
+
 def run(args) -> int:
+    check_flags(args)
     import torch
 
-    from attnkit.models.generation import generate, stream_generate
+    from attnkit.models.generation import stream_generate
     from attnkit.runs import open_source
 
     torch.manual_seed(args.seed)  # the weights of a preset or hf-*-tiny
@@ -48,20 +77,51 @@ def run(args) -> int:
 
         raise AttnkitValueError(f"{source.target.name!r} has no tokenizer to encode --prompt with; pass the prompt "
                                 "as token ids with --ids (e.g. --ids --prompt \"1 5 7\").")
-    prompts = [tok.encode(p) for p in args.prompt]
+    prompts = [_encode(tok, text) for text in args.prompt]
     kwargs = {"max_new_tokens": args.max_new_tokens, "temperature": args.temperature, "top_k": args.top_k,
               "top_p": args.top_p, "seed": args.seed, "stop_tokens": () if tok.EOS is None else (tok.EOS,),
               "cache": args.cache}
+    with _length_warnings():  # said before the first token (the arguments are checked when called)
+        tokens = stream_generate(source.model, prompts, **kwargs)
     with torch.inference_mode():
-        if args.stream and len(prompts) == 1:
-            _stream(stream_generate(source.model, prompts, **kwargs), args.prompt[0], tok)
+        stream = args.stream if args.stream is not None else len(prompts) == 1 and sys.stdout.isatty()
+        if stream:
+            _stream(tokens, prompts[0], tok)
             return 0
-        outputs = generate(source.model, prompts, **kwargs)
-    for prompt, new in zip(args.prompt, outputs):
-        print(prompt + tok.decode(new))
+        outputs = [list(p) for p in prompts]  # prompt and continuation decoded together (the tokenizer's spacing)
+        for row, token in progress(tokens, desc="generate", unit="token", total=len(prompts) * args.max_new_tokens):
+            outputs[row].append(token)
+    for ids in outputs:
+        print(tok.decode(ids))
         if len(outputs) > 1:
             print("-" * 40)
     return 0
+
+
+def _encode(tok, text: str) -> list[int]:
+    ids = tok.encode(text)
+    if not ids:
+        from attnkit.errors import AttnkitValueError
+
+        raise AttnkitValueError(f"--prompt {text!r} has no tokens; give every --prompt some text to continue, e.g. "
+                                "--prompt \"def \".")
+    return ids
+
+
+@contextlib.contextmanager
+def _length_warnings():
+    """The library's warning of a length past what the model was trained on, printed as this command's."""
+    from attnkit.models.generation import LengthWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", LengthWarning)
+        yield
+    for warning in caught:
+        if issubclass(warning.category, LengthWarning):
+            text = str(warning.message).replace("max_new_tokens=", "--max-new-tokens ")  # the flag as typed
+            print(f"attnkit generate: warning: {text}", file=sys.stderr)
+        else:
+            warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)
 
 
 def _target(args) -> str:
@@ -74,16 +134,24 @@ def _target(args) -> str:
     return args.target or args.checkpoint
 
 
-def _stream(tokens, prompt: str, tok) -> None:
-    sys.stdout.write(prompt)
-    pending = []
+def _stream(tokens, prompt: list[int], tok) -> None:
+    """Print the prompt, then each token as it comes: the text is decoded from every id so far (the tokenizer's
+    spacing between tokens), and printed once its characters are complete."""
+    ids = list(prompt)
+    shown = tok.decode(ids)
+    sys.stdout.write(shown)
+    waiting = 0
     for _, token in tokens:
-        pending.append(token)
-        text = tok.decode(pending)
-        if "\ufffd" not in text or len(pending) >= 4:  # wait for complete UTF-8 characters
-            sys.stdout.write(text)
-            sys.stdout.flush()
-            pending = []
+        ids.append(token)
+        text = tok.decode(ids)
+        waiting += 1
+        if text.endswith("\ufffd") and waiting < 4:  # wait for complete UTF-8 characters
+            continue
+        sys.stdout.write(text[len(shown):] if text.startswith(shown) else tok.decode(ids[-waiting:]))
+        sys.stdout.flush()
+        shown, waiting = text, 0
+    if waiting:
+        sys.stdout.write(tok.decode(ids)[len(shown):])
     print()
 
 
@@ -102,4 +170,4 @@ class IdTokenizer:
                                     "e.g. --prompt \"1 5 7\".") from exc
 
     def decode(self, ids) -> str:
-        return "".join(f" {int(i)}" for i in ids)
+        return " ".join(str(int(i)) for i in ids)

@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import pkgutil
 import sys
+from pathlib import Path
 
 import attnkit.cli as _package
 from attnkit.errors import AttnkitError
@@ -58,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    startup_s = process_age_s() if argv is None else 0.0  # a command's start-up (called with argv: none of it)
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv  # also honoured after the subcommand (attnkit train ... --debug)
     argv = [a for a in argv if a != "--debug"]
@@ -65,6 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = parser.parse_known_args(argv)
     if extra:  # named by the command that was running: `attnkit train: error: unrecognized arguments: --nope`
         parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
+    args.startup_s = startup_s  # train --minutes counts it
     try:
         return int(args.run(args) or 0)
     except TrainingInterrupted as exc:  # Ctrl-C / SIGTERM during training: the step is checkpointed
@@ -92,6 +96,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"attnkit {args.command}: error: {exc}", file=sys.stderr)
         print("(run again with --debug for the traceback)", file=sys.stderr)
         return 2
+
+
+def process_age_s() -> float:
+    """Seconds since this process started (Linux: /proc; 0 elsewhere): Python's and torch's start-up."""
+    try:
+        fields = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()  # fields 3.. of proc(5)
+        uptime = float(Path("/proc/uptime").read_text().split()[0])
+        return max(0.0, uptime - int(fields[19]) / os.sysconf("SC_CLK_TCK"))  # field 22: starttime in ticks
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0.0
 
 
 if __name__ == "__main__":

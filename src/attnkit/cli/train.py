@@ -13,6 +13,9 @@ Ctrl-C or SIGTERM checkpoints the current step, prints the resume command and ex
 
 from __future__ import annotations
 
+import math
+
+from attnkit.errors import AttnkitValueError
 from attnkit.models.builders import PRESETS
 from attnkit.training.config import TrainConfig
 from attnkit.training.loop import train
@@ -55,8 +58,9 @@ def add_parser(sub) -> None:
     opt("--batch-size", "rows per micro-batch (global, all ranks)", type=int)
     opt("--accum", "micro-batches per optimizer step", type=int)
     opt("--steps", "optimizer steps", type=int)
-    p.add_argument("--minutes", type=float, help="train for about this long instead of --steps (schedule fixed "
-                                                  "from a measured step time)")
+    p.add_argument("--minutes", type=float, help="train this long instead of --steps: the run ends at M minutes "
+                                                  "from the command's start (the step count re-planned from "
+                                                  "measured step times as it goes)")
     opt("--lr", "peak learning rate", type=float)
     opt("--warmup", "linear warmup steps", type=int)
     opt("--weight-decay", "AdamW weight decay of matrices (>= 0)", type=float)
@@ -105,13 +109,22 @@ def given_settings(args) -> set[str]:
 
 
 def config_from_args(args) -> TrainConfig:
+    if args.minutes is not None and not (math.isfinite(args.minutes) and args.minutes > 0):
+        raise AttnkitValueError(f"--minutes must be a number of minutes > 0, got {args.minutes}; e.g. --minutes 3, "
+                                "or --steps N for a fixed number of steps.")
+    if args.minutes is not None and args.resume is not None:
+        raise AttnkitValueError(f"--minutes {args.minutes:g} sets the length of a new run; --resume {args.resume} "
+                                "continues to the step count its checkpoint recorded (pass --steps N to extend it).")
+    if args.minutes is not None and args.steps is not None:
+        raise AttnkitValueError(f"--minutes {args.minutes:g} and --steps {args.steps} exclude each other: --minutes "
+                                "ends the run at a time, --steps after a number of steps; pass one of them.")
     settings = {field: getattr(args, dest) for dest, field in FIELDS.items() if getattr(args, dest) is not None}
     settings["model"] = {field: getattr(args, dest) for dest, field in MODEL_FLAGS.items()
                          if getattr(args, dest) is not None}
     settings.update(doc_mask=not args.no_doc_mask, grad_checkpointing=args.grad_checkpointing,
                     overwrite=args.overwrite, overfit=args.overfit, samples=args.samples, progress=not args.no_progress,
                     time_budget=None if args.minutes is None else 60.0 * args.minutes)
-    return TrainConfig(**settings)  # overfit: TrainConfig's own defaults for what was not given
+    return TrainConfig(**settings, names=flag)  # overfit: TrainConfig's own defaults for what was not given
 
 
 def run(args) -> int:
@@ -121,7 +134,8 @@ def run(args) -> int:
 
         hooks.append(monitor_hook(args.monitor))
     result = train(config_from_args(args), resume=args.resume, init_from=args.init_from, given=given_settings(args),
-                   hooks=hooks, names=flag)
+                   hooks=hooks, names=flag, spent_s=getattr(args, "startup_s", 0.0))
     if result.overfit_passed is not None:
         return 0 if result.overfit_passed else 1
     return 0
+

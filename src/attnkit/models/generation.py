@@ -26,6 +26,7 @@ Shape legend: B batch (prompts), P padded prompt length, L new tokens, V vocab s
 from __future__ import annotations
 
 import math
+import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import Protocol, runtime_checkable
 
@@ -135,9 +136,22 @@ def _check_args(model, prompts, max_new_tokens, temperature, top_k, top_p, stop_
         raise AttnkitTypeError(f"stop_tokens must be a collection of int token ids, got {describe(stop_tokens)}.")
 
 
+class LengthWarning(UserWarning):
+    """Generation runs past the length the model was built for (its ``config.max_seq_len``): positions it never
+    saw in training (rotary, ALiBi, sinusoidal or no positions compute them; how well they extrapolate differs)."""
+
+
+#: what the positions lab measured past the training length L (docs/labs.md, `attnkit lab positions`)
+EXTRAPOLATION = {"alibi": "ALiBi stayed flat to 8x its training length (loss 1.94 -> 1.95)",
+                 "rope": "RoPE lost 14% at 4x its training length and 30% at 8x",
+                 "sinusoidal": "sinusoidal positions lost 23% at 4x their training length",
+                 "none": "no positions lost 6% at 4x the training length"}
+
+
 def _check_length(model, prompts, max_new_tokens: int) -> None:
     """Refuse up front (not after streaming half the text) a prompt + new tokens beyond the positions the model
-    has: learned position embeddings hold ``max_positions`` positions."""
+    has: learned position embeddings hold ``max_positions`` positions. Past the length of ``model.config``
+    (``max_seq_len``) with computed positions: a :class:`LengthWarning` with the positions lab's result."""
     limit = getattr(getattr(model, "pos_embed", None), "max_positions", None)
     longest = max(len(p) for p in prompts)
     if isinstance(limit, int) and longest + max_new_tokens > limit:
@@ -145,6 +159,16 @@ def _check_length(model, prompts, max_new_tokens: int) -> None:
             f"max_new_tokens={max_new_tokens} with a prompt of {longest} tokens needs {longest + max_new_tokens} "
             f"positions, but the model's learned positions hold {limit}; pass max_new_tokens="
             f"{max(limit - longest, 0)} or less (--max-new-tokens on the command line).")
+    config = getattr(model, "config", None)
+    trained = getattr(config, "max_seq_len", None)
+    if isinstance(trained, int) and longest + max_new_tokens > trained:
+        kind = getattr(config, "positions", None)
+        lab = EXTRAPOLATION.get(kind, "")
+        warnings.warn(LengthWarning(
+            f"a prompt of {longest} tokens + max_new_tokens={max_new_tokens} reaches position "
+            f"{longest + max_new_tokens}, past the {trained} the model was built for ({kind} positions): the text "
+            f"after position {trained} is extrapolation" + (f"; the positions lab measured: {lab}" if lab else "")
+            + f". Pass max_new_tokens={max(trained - longest, 0)} or less to stay inside it."), stacklevel=4)
 
 
 def stream_generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int = 64, temperature: float = 0.0,
@@ -154,11 +178,18 @@ def stream_generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: 
     """Yield ``(row, token)`` as tokens are produced (each step yields one token per unfinished row).
 
     Arguments as :func:`generate`. ``cache`` is the kind passed to ``model.new_cache`` ("dynamic", "static"
-    sized to the longest prompt + ``max_new_tokens``, or "sliding" for sliding-window models).
+    sized to the longest prompt + ``max_new_tokens``, or "sliding" for sliding-window models). The arguments are
+    checked when this is called (before the first token is asked for): a caller can refuse before printing.
     """
     stop_tokens = tuple(stop_tokens)
     _check_args(model, prompts, max_new_tokens, temperature, top_k, top_p, stop_tokens)
     _check_compile(compile, cache, prompts)
+    return _decode(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_tokens, cache, compile)
+
+
+def _decode(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, stop_tokens, cache, compile
+            ) -> Iterator[tuple[int, int]]:
+    """The decode loop of :func:`stream_generate`, its arguments already checked."""
     if max_new_tokens == 0:
         return
     device = next((p.device for p in model.parameters()), None) if hasattr(model, "parameters") else None

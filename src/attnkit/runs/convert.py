@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from attnkit.errors import AttnkitValueError
 from attnkit.runs.folder import RunFolder
 from attnkit.runs.tokens import TOKENIZER_DIR, folder_tokenizer
 from attnkit.runs.write import save_checkpoint, writing
@@ -19,7 +20,13 @@ from attnkit.runs.write import save_checkpoint, writing
 
 def convert_folder(path: str | Path, out: str | Path, *, dtype: torch.dtype | None = None, overwrite: bool = False,
                    log=print) -> Path:
-    """Convert the Hugging Face folder ``path`` into the attnkit run folder ``out``; return the checkpoint folder."""
+    """Convert the Hugging Face folder ``path`` into the attnkit run folder ``out``; return the checkpoint folder.
+    A ``path`` without ``config.json`` is refused at once, before transformers is imported."""
+    if not (Path(path) / "config.json").is_file():
+        raise AttnkitValueError(f"--hf {str(path)!r} is not a Hugging Face model folder (" + (
+            "it does not exist" if not Path(path).exists() else "no config.json") + "); pass the folder "
+            "from_pretrained loads (config.json and the weights), e.g. one written by save_pretrained.")
+    log(f"convert: loading {path} with transformers")  # progress: each phase says itself (the load takes longest)
     import transformers
 
     from attnkit.integrations.hf.convert import from_hf, source_dropout
@@ -27,6 +34,8 @@ def convert_folder(path: str | Path, out: str | Path, *, dtype: torch.dtype | No
 
     hf = load_hf(path, **({} if dtype is None else {"dtype": dtype}))
     model = from_hf(hf)
+    log(f"convert: {hf.config.model_type} -> attnkit, {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M "
+        f"parameters; writing {out}")
     source = {"path": str(Path(path).resolve()), "model_type": hf.config.model_type,
               "transformers": transformers.__version__, "dropout": source_dropout(hf.config)}
     tokenizer = folder_tokenizer(path)  # a tokenizer asking for the folder's code is refused before anything

@@ -190,9 +190,9 @@ def read_verified(ckpt: str | Path, keep: tuple[str, ...] = ()) -> tuple[dict, d
     in after the check is never read)."""
     ckpt = Path(ckpt)
     previous = [p for p in list_checkpoints(ckpt.parent.parent) if p.name < ckpt.name]
-    hint = (f"the previous checkpoint {previous[-1]} is intact: resume from it with --resume {previous[-1]}, or "
-            "delete the damaged folder." if previous else "no earlier checkpoint exists: train the run again (the "
-            "damaged folder is kept for inspection).")
+    hint = (f"the previous checkpoint {previous[-1]} is intact: pass it instead of the damaged one (a run folder "
+            "reads its newest checkpoint), or delete the damaged folder." if previous else
+            "no earlier checkpoint exists: train the run again (the damaged folder is kept for inspection).")
 
     def fail(problem: str, exc: Exception | None = None):
         newest = list_checkpoints(ckpt.parent.parent) if ckpt.parent.name == CHECKPOINTS else []

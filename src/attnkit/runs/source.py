@@ -130,8 +130,25 @@ def locate(target: str) -> Target:
     raise AttnkitValueError(
         f"target {target!r} is not a preset ({sorted(PRESETS)}), a small Hugging Face config "
         f"({sorted(HF_TINY)}), an attnkit run/checkpoint folder, or a Hugging Face folder with config.json; "
-        "check the spelling or the path."
+        f"check the spelling or the path. {_runs_near(path)}"
     )
+
+
+def _runs_near(path: Path, limit: int = 8) -> str:
+    """The run folders a user may have meant: those in ``runs/`` (where ``attnkit train`` writes) and beside
+    ``path``, said in one sentence."""
+    seen = []
+    for folder in dict.fromkeys([Path("runs"), path.parent]):
+        try:
+            children = sorted(child for child in folder.iterdir() if child.is_dir())
+        except OSError:
+            continue
+        seen += [str(child) for child in children if is_checkpoint_or_run(child) and str(child) not in seen]
+    if not seen:
+        return (f"No run folder in runs/ or in {str(path.parent)!r} (train one with `attnkit train --run-dir "
+                "runs/NAME`).")
+    more = f" and {len(seen) - limit} more" if len(seen) > limit else ""
+    return "Runs here: " + ", ".join(seen[:limit]) + more + "."
 
 
 def open_source(target: str | Target, *, encoder: bool = False, convert: bool = False,

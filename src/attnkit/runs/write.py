@@ -113,7 +113,7 @@ def replacing(path: str | Path):
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
     try:
         with writing(path):
-            os.fchmod(fd, 0o644)
+            os.fchmod(fd, mode(folder=False))
             with os.fdopen(fd, "wb") as f:
                 yield f
                 f.flush()
@@ -144,6 +144,14 @@ def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module, opti
     return final
 
 
+def mode(*, folder: bool) -> int:
+    """The permission bits of everything a run writes: what a plain ``mkdir`` / ``open`` gives under this process's
+    umask (0755 / 0644 under the usual 022), so a checkpoint is as readable as the run folder it sits in."""
+    mask = os.umask(0)  # read it back: os.umask can only be read by setting it
+    os.umask(mask)
+    return (0o777 if folder else 0o666) & ~mask
+
+
 def _write_checkpoint(tmp: Path, final: Path, root: Path, step: int, model, optimizer, state: dict,
                       extra_tensors) -> None:
     """Every file of checkpoint ``step`` into the folder ``tmp``, fsync'ed, then renamed to ``final``."""
@@ -156,7 +164,9 @@ def _write_checkpoint(tmp: Path, final: Path, root: Path, step: int, model, opti
               "sha256": {name: sha256_file(tmp / name) for name in FILES}}
     (tmp / MANIFEST).write_bytes(manifest_bytes(record))
     for name in (*FILES, MANIFEST):
+        os.chmod(tmp / name, mode(folder=False))  # as the run folder's other files (mkstemp's would be 0600)
         _fsync(tmp / name)
+    os.chmod(tmp, mode(folder=True))  # as the run folder itself (mkdtemp's would be 0700)
     _fsync(tmp)
     if final.exists():  # re-saving the same step (e.g. after a resume): replace it atomically
         shutil.rmtree(final)

@@ -10,7 +10,7 @@ itself by default; the CLI passes its flags, ``attnkit.cli.train.flag``).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import InitVar, dataclass, field, fields, replace
 from pathlib import Path
 
 from attnkit._checks import number, positive_int
@@ -44,6 +44,7 @@ class TrainConfig:
     ``overfit``: the sanity check (``overfit_samples`` rows every step until the loss is ~0); ``steps``,
     ``warmup``, ``weight_decay``, ``lr`` and ``eval_every`` left as None take :data:`OVERFIT_DEFAULTS`, else
     :data:`RUN_DEFAULTS` (so ``TrainConfig(overfit=True)`` is ``attnkit train --overfit``).
+    ``names`` (not a setting): how a refused setting is named in the message (the CLI passes its flags).
     """
 
     run_dir: str = "runs/latest"
@@ -79,45 +80,47 @@ class TrainConfig:
     sample_tokens: int = 160
     progress: bool = True
     context_parallel: int = 1  # ranks sharing each row's sequence (world = data parallel x this)
+    names: InitVar[Callable[[str], str] | None] = None
 
-    def __post_init__(self):
+    def __post_init__(self, names=None):
+        n = names or setting
         for name, value in (OVERFIT_DEFAULTS if self.overfit else RUN_DEFAULTS).items():
             if getattr(self, name) is None:
                 setattr(self, name, value)
         self.betas = tuple(self.betas)
         if self.preset not in PRESETS:
-            raise AttnkitValueError(f"preset must be one of {sorted(PRESETS)}, got {self.preset!r}.")
+            raise AttnkitValueError(f"{n('preset')} must be one of {sorted(PRESETS)}, got {self.preset!r}.")
         if self.precision not in ("auto", "fp32", "bf16"):
-            raise AttnkitValueError(f"precision must be 'auto', 'fp32' or 'bf16', got {self.precision!r}; use "
+            raise AttnkitValueError(f"{n('precision')} must be 'auto', 'fp32' or 'bf16', got {self.precision!r}; use "
                                     "'auto' to measure and pick the faster here (never fp16 on CPU).")
         for name in ("batch_size", "accum", "steps", "eval_every", "eval_batches", "keep", "overfit_samples"):
-            positive_int(getattr(self, name), name)
+            positive_int(getattr(self, name), n(name))
         if self.ckpt_every is not None:
-            positive_int(self.ckpt_every, "ckpt_every")
+            positive_int(self.ckpt_every, n("ckpt_every"))
         if self.seq_len is not None and (isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int)
                                          or self.seq_len < 2):
-            raise AttnkitValueError(f"seq_len must be an int >= 2 (tokens per row), got {self.seq_len!r}; omit it "
+            raise AttnkitValueError(f"{n('seq_len')} must be an int >= 2 (tokens per row), got {self.seq_len!r}; omit it "
                                     "to use the preset's max_seq_len.")
         if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
-            raise AttnkitValueError(f"warmup must be an int >= 0 (steps), got {self.warmup!r}; 0 = no warmup.")
-        self._check_numbers()
+            raise AttnkitValueError(f"{n('warmup')} must be an int >= 0 (steps), got {self.warmup!r}; 0 = no warmup.")
+        self._check_numbers(n)
 
-    def _check_numbers(self) -> None:
-        number(self.lr, "lr", low=0.0, low_open=True, fix="a positive learning rate, e.g. 2e-3.")
-        number(self.clip, "clip", low=0.0, low_open=True, allow_inf=True,
+    def _check_numbers(self, n: Callable[[str], str]) -> None:
+        number(self.lr, n("lr"), low=0.0, low_open=True, fix="a positive learning rate, e.g. 2e-3.")
+        number(self.clip, n("clip"), low=0.0, low_open=True, allow_inf=True,
                fix="the maximum gradient norm, e.g. 1.0; pass inf to turn clipping off (a norm <= 0 would flip or "
                    "zero every update).")
-        number(self.weight_decay, "weight_decay", low=0.0,
+        number(self.weight_decay, n("weight_decay"), low=0.0,
                fix="a decay >= 0, e.g. 0.1; 0 turns weight decay off (a negative decay grows the weights).")
         number(self.min_lr_ratio, "min_lr_ratio", low=0.0, high=1.0, high_closed=True, fix="a share of lr.")
-        number(self.val_fraction, "val_fraction", low=0.0, high=1.0, low_open=True,
+        number(self.val_fraction, n("val_fraction"), low=0.0, high=1.0, low_open=True,
                fix="a share of the data, e.g. 0.05.")
         if len(self.betas) != 2 or any(isinstance(b, bool) or not isinstance(b, (int, float)) or not 0 <= b < 1
                                        for b in self.betas):
             raise AttnkitValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}; e.g. (0.9, 0.95).")
-        if self.time_budget is not None and not self.time_budget > 0:
-            raise AttnkitValueError(f"time_budget must be > 0 seconds, got {self.time_budget!r}; omit it to train "
-                                    "for a fixed number of steps.")
+        if self.time_budget is not None:
+            number(self.time_budget, "time_budget", low=0.0, low_open=True,
+                   fix="a number of seconds; omit it to train for a fixed number of steps.")
 
     @classmethod
     def from_dict(cls, data: dict) -> TrainConfig:

@@ -52,6 +52,7 @@ from attnkit.training.config import (  # noqa: F401  (RESUME_HONOURS, TrainConfi
     setting,
 )
 from attnkit.training.data import ByteTokenizer, PackedDataset, data_fingerprint, load_documents, split_by_file, unigram_loss
+from attnkit.training.deadline import Deadline
 from attnkit.training.interrupt import StopRequest, TrainingInterrupted, stop_requests
 from attnkit.training.metrics import MetricsWriter, plot_loss
 from attnkit.training.precision import choose_precision
@@ -96,8 +97,14 @@ class Trainer:
     """
 
     def __init__(self, config: TrainConfig, *, resume: str | Path | None = None, init_from: str | Path | None = None,
-                 given: set[str] | frozenset[str] = frozenset(), log=print, names=setting):
+                 given: set[str] | frozenset[str] = frozenset(), log=print, names=setting, clock=time.monotonic,
+                 spent_s: float = 0.0):
         self.ddp, self.folder, self._failed, self.ctx = None, None, False, None
+        # a time budget counts from here (data loading and the probe included) plus the caller's ``spent_s``;
+        # only a new run re-plans
+        self.deadline = (Deadline(config.time_budget, clock, spent_s=spent_s) if config.time_budget is not None and resume is None
+                         else None)
+        self.closing_s = {"eval": 0.0, "save": 0.0, "sample": 0.0}  # measured costs of what ends a run
         self._stop = StopRequest()  # replaced by the one run() installs for SIGINT/SIGTERM
         self.hooks: list = []  # hook(trainer, record) after each step (main process), see train()
         self.names = names
@@ -129,6 +136,8 @@ class Trainer:
         self.run_dir = Path(config.run_dir)
         if resume is None and self.ctx.is_main and self.run_dir.is_dir():  # refuse early, before loading data
             RunFolder(self.run_dir, log=self.log).check_fresh(config.overwrite)
+        if model_config is None:  # a new run's model: from the preset
+            self._check_preset_length()
         self.tokenizer = ByteTokenizer()
         self._build_data()
         dist.check_same({**asdict(config), "resume": None if resume is None else str(resume),
@@ -141,6 +150,7 @@ class Trainer:
             self._restore(resume_ckpt, given)
         else:
             self._begin()
+            self.first_plan = self.total_steps
         if config.warmup >= self.schedule_steps and not config.overfit:
             peak = lr_at(self.schedule_steps, lr=config.lr, warmup=config.warmup, total=self.schedule_steps)
             self.log(f"note: warmup ({config.warmup} steps) is not shorter than the run ({self.schedule_steps} steps): "
@@ -207,6 +217,22 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(param_groups(self.model, config.weight_decay), lr=config.lr,
                                            betas=config.betas, fused=False, foreach=True)
 
+    def _check_preset_length(self) -> None:
+        """A new run's rows fit the preset's positions when they are learned (a table of ``max_seq_len`` rows);
+        longer rows with computed positions are said (the model is built for them; each step costs more)."""
+        preset_len = PRESETS[self.config.preset]["max_seq_len"]
+        positions = self.config.model.get("positions", PRESETS[self.config.preset].get("positions", "rope"))
+        if (self.config.seq_len or 0) > preset_len and positions != "learned":
+            self.log(f"note: {self.names('seq_len')} {self.config.seq_len} is {self.config.seq_len / preset_len:.3g}x "
+                     f"the {self.config.preset!r} preset's {preset_len} positions: the model is built for rows of "
+                     f"{self.config.seq_len} ({positions} positions), and attention's cost per row grows with the "
+                     "square of its length")
+        if positions == "learned" and (self.config.seq_len or 0) > preset_len:
+            raise AttnkitValueError(
+                f"{self.names('seq_len')} {self.config.seq_len} is longer than the {preset_len} learned positions of the "
+                f"{self.config.preset!r} preset; pass {self.names('seq_len')} {preset_len} or less, or positions "
+                f"that are computed ({self.names('positions')} rope or alibi) for longer rows.")
+
     def _restore(self, where: Path, given) -> None:
         """Continue from checkpoint ``where``: weights, optimizer, RNG, step, precision and schedule."""
         state, _ = ckpt.load_checkpoint(where, self.model, self.optimizer, rank=self.ctx.rank)
@@ -222,6 +248,8 @@ class Trainer:
         self.run_id = record.new_run_id()
         self.precision, self.total_steps, self.precision_evidence = self._decide_precision_and_steps()
         self.schedule_steps = self.total_steps
+        if self.deadline is not None:  # config.json states the plan, not an unused default step count
+            self.config = replace(self.config, steps=self.total_steps)
         if self.ctx.is_main:
             self.folder = RunFolder(self.run_dir, log=self.log).acquire()
             self.folder.check_fresh(self.config.overwrite)
@@ -278,12 +306,14 @@ class Trainer:
             precision, evidence = choose_precision(fwd_bwd, self.device)
             self.log(f"precision: {evidence['summary']} -> {precision}")
         steps = c.steps
-        if c.time_budget is not None:
+        if self.deadline is not None:  # a first plan from one probe; the loop re-plans from measured steps
             step_time = evidence.get("median_s", {}).get(precision) or time_once(fwd_bwd, precision)
             step_time = step_time * c.accum * 1.15  # optimizer step and bookkeeping
             evals = step_time * c.eval_batches / 3  # forward only, every eval_every steps
-            steps = max(10, int(c.time_budget / (step_time + evals / c.eval_every)))
-            self.log(f"time budget {c.time_budget:.0f} s at ~{step_time:.3f} s/step -> {steps} steps")
+            steps = max(1, int(self.deadline.left() / (step_time + evals / c.eval_every)))
+            self.closing_s["eval"] = evals
+            self.log(f"time budget {c.time_budget:.0f} s ({self.deadline.left():.0f} s left) at ~{step_time:.3f} "
+                     f"s/step (probe) -> {steps} steps planned; re-planned from the measured step times as it runs")
         torch.set_rng_state(rng)
         return dist.from_rank0((precision, steps, evidence), self.ctx)  # rank 0 decides for every rank
 
@@ -330,7 +360,8 @@ class Trainer:
         self._open_outputs(baseline)
         samples = {}
         if c.samples and self.ctx.is_main and self.resume_state is None:
-            samples["before"] = sample_text(self.model, c.sample_prompt, max_new_tokens=c.sample_tokens)
+            with self._timed("sample"):  # the closing sample costs as much: a time budget keeps it back
+                samples["before"] = sample_text(self.model, c.sample_prompt, max_new_tokens=c.sample_tokens)
             self.log(f"--- sample before training ---\n{samples['before']}\n---")
         loss_value, val_loss = self._train_steps(eval_batches)
         if self.metrics is not None:
@@ -377,15 +408,20 @@ class Trainer:
         """The step loop: optimizer steps to ``total_steps``, with metrics, hooks, validation and checkpoints;
         returns the last ``(train loss, validation loss)``."""
         c = self.config
-        bar = progress_bar(c.progress and self.ctx.is_main, self.total_steps, self.step)
+        bar = progress_bar(c.progress and self.ctx.is_main, self.total_steps, self.step,
+                           "overfit check" if c.overfit else "train")
         self.model.train()  # (the loop reads self.ddp each time: no local may keep DDP alive, see close())
         loss_value, val_loss, start, tokens_done = float("nan"), None, time.perf_counter(), 0
         every = record.checkpoint_interval(c.ckpt_every, self.total_steps)
         if self.step == 0 and c.ckpt_every is None:
             self.log(f"checkpoints every {every} steps ({self.names('ckpt_every')} changes it) and on Ctrl-C/SIGTERM")
+        if self.deadline is not None:
+            self.deadline.start_loop(self.step)
         while self.step < self.total_steps:
             loss_value, grad_norm, lr = optimizer_step(self, self.step + 1)
             self.step += 1
+            if self.deadline is not None:
+                self._replan(bar)
             tokens_done += self._tokens_per_step()
             entry = {"step": self.step, "loss": loss_value, "lr": lr, "grad_norm": grad_norm,
                      "tokens": self.step * self._tokens_per_step(), "tok_per_s": tokens_done / (time.perf_counter() - start)}
@@ -393,26 +429,57 @@ class Trainer:
                 entry["cp_bytes_sent"] = self._cp_sent.nbytes()  # rank 0's context-parallel messages
                 self._cp_sent.sent.clear()
             if self.step % c.eval_every == 0 or self.step == self.total_steps:
-                val_loss = evaluate(self.model, eval_batches, self.precision, self.device)
+                with self._timed("eval"):
+                    val_loss = evaluate(self.model, eval_batches, self.precision, self.device)
                 entry.update(val_loss=val_loss, val_ppl=math.exp(min(val_loss, 50.0)))
             if self.metrics is not None:
                 for hook in self.hooks:
                     hook(self, entry)
                 self.metrics.write(entry)
             if bar is not None:
-                bar.update(1)
                 bar.set_postfix(loss=f"{loss_value:.3f}", tok_s=f"{entry['tok_per_s']:,.0f}",
                                 **({"val": f"{val_loss:.3f}"} if val_loss is not None else {}))
+                bar.update(1)
             saved = self.step % every == 0 or self.step == self.total_steps
             if saved:
-                self.save()
+                with self._timed("save"):
+                    self.save()
             if dist.any_rank(self._stop.signum is not None, self.ctx):  # every rank stops after the same step
                 if bar is not None:
                     bar.close()
                 self._interrupted(saved)
         if bar is not None:
             bar.close()
+        if self.deadline is not None:
+            budget = self.deadline.summary(self.first_plan, self.step)
+            self.log(f"time budget {budget['seconds']:.0f} s: ran {self.step} steps, {budget['elapsed_s']:.0f} s so far "
+                     f"(first plan {budget['first_plan']} steps from the probe, re-planned {budget['replans']} times "
+                     "from the measured step times)")
+            if self.ctx.is_main:
+                record.write_config(self)  # the steps planned and run, as they ended
         return loss_value, val_loss
+
+    @contextlib.contextmanager
+    def _timed(self, what: str):
+        """Measure ``what`` (eval, save, sample) on the deadline's clock: a time budget keeps its cost back."""
+        if self.deadline is None:
+            yield
+            return
+        begin = self.deadline.clock()
+        yield
+        self.closing_s[what] = self.deadline.clock() - begin
+
+    def _replan(self, bar) -> None:
+        """The time budget's step count after this step, decided on rank 0 and agreed by every rank; the cosine
+        schedule's end moves with it."""
+        planned = self.deadline.replan(self.step, self.total_steps, sum(self.closing_s.values()))
+        planned = dist.from_rank0(planned, self.ctx)
+        if planned != self.total_steps:
+            self.total_steps = self.schedule_steps = planned
+            self.config = replace(self.config, steps=planned)
+            if bar is not None:
+                bar.total = planned
+                bar.refresh()
 
     def _diverged(self, step: int, loss: float, grad_norm: float, lr: float) -> None:
         n = self.names
@@ -451,11 +518,15 @@ def _describe(config: LMConfig) -> str:
 
 
 def train(config: TrainConfig, *, resume: str | Path | None = None, init_from: str | Path | None = None,
-          given: set[str] | frozenset[str] = frozenset(), log=print, hooks=(), names=setting) -> TrainResult:
+          given: set[str] | frozenset[str] = frozenset(), log=print, hooks=(), names=setting,
+          clock=time.monotonic, spent_s: float = 0.0) -> TrainResult:
     """Train, resume or fine-tune a run; see :class:`TrainConfig` and :class:`Trainer`. ``hooks``: callables
     ``hook(trainer, record)`` run on the main process after every step, before ``record`` (a dict with ``step``)
     is written to metrics.jsonl (e.g. ``attnkit.diagnostics.monitor.monitor_hook``, which adds the attention
-    verdicts). ``names(field)``: how messages name a setting (the CLI passes its flags)."""
-    trainer = Trainer(config, resume=resume, init_from=init_from, given=given, log=log, names=names)
+    verdicts). ``names(field)``: how messages name a setting (the CLI passes its flags). ``clock()``: the seconds a
+    ``time_budget`` is measured in (injected by tests); ``spent_s``: seconds of it already spent before this call
+    (the CLI passes its process's start-up)."""
+    trainer = Trainer(config, resume=resume, init_from=init_from, given=given, log=log, names=names, clock=clock,
+                      spent_s=spent_s)
     trainer.hooks = list(hooks)
     return trainer.run()

@@ -34,6 +34,8 @@ def identity(trainer) -> dict:
     out = {"run_id": trainer.run_id, "precision": trainer.precision, "precision_evidence": trainer.precision_evidence,
            "total_steps": trainer.total_steps, "schedule_steps": trainer.schedule_steps,
            "data_sha256": trainer.data_sha256, "world": trainer.ctx.world}
+    if getattr(trainer, "deadline", None) is not None:  # a time budget: the first plan, the re-plans, the steps run
+        out["time_budget"] = trainer.deadline.summary(trainer.first_plan, trainer.step)
     if trainer.init_state is not None:
         out["init_from"] = {"run_id": trainer.init_state.get("run_id"), "step": trainer.init_state["step"],
                             "model_sha256": trainer.init_state["sha256"][ckpt.FILES[0]]}

@@ -13,8 +13,8 @@ import time
 import torch
 import torch.nn.functional as F
 
+from attnkit import _progress, masks
 from attnkit import distributed as cp
-from attnkit import masks
 from attnkit.errors import AttnkitError
 from attnkit.models.lm import TransformerLM
 from attnkit.training import dist
@@ -130,10 +130,7 @@ def _maybe_no_sync(ddp, sync_now: bool):
     return contextlib.nullcontext() if sync_now or ddp is None else ddp.no_sync()
 
 
-def progress_bar(enabled: bool, total: int, initial: int):
-    """A tqdm bar of optimizer steps, or None."""
-    if not enabled:
-        return None
-    from tqdm.auto import tqdm
-
-    return tqdm(total=total, initial=initial, unit="step", dynamic_ncols=True, smoothing=0.1)
+def progress_bar(enabled: bool, total: int, initial: int, desc: str = "train"):
+    """Progress of optimizer steps (:func:`attnkit._progress.bar`: tqdm on a terminal, plain lines elsewhere), or
+    None."""
+    return _progress.bar(total, desc=desc, unit="step", initial=initial) if enabled else None

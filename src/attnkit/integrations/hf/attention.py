@@ -48,7 +48,7 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     want_weights = _wants_weights(module, kwargs)
     result = attention(query, key, value, mask, bias=bias, scale=scaling, softcap=softcap,
                        dropout_p=float(dropout or 0.0), q_positions=q_pos, kv_positions=kv_pos,
-                       backend=getattr(module, "attnkit_backend", "auto"), return_weights=want_weights,
+                       backend=_backend_of(module), return_weights=want_weights,
                        sinks=None if sinks is None else sinks.to(query.device))
     out, weights = result if want_weights else (result, None)
     return out.transpose(1, 2).contiguous(), weights  # (B, Lq, H, D): transformers merges the heads itself
@@ -88,19 +88,33 @@ def _mask_and_bias(module, query, key, attention_mask, is_causal):
         "attnkit.integrations.hf) so transformers builds its masks through attnkit.")
 
 
+def _backend_of(module) -> str:
+    """The backend :func:`set_backend` set on ``module``, else ``"auto"`` (read from the instance dict: a missing
+    attribute costs ``nn.Module.__getattr__`` a raised and caught AttributeError, ~2 us per layer per step)."""
+    backend = module.__dict__.get("attnkit_backend")
+    return backend if backend is not None else getattr(type(module), "attnkit_backend", "auto")
+
+
 def _wants_weights(module, kwargs: dict) -> bool:
     """The call's ``output_attentions``, else the model config's: transformers collects the weights a layer
     returns when either asks, and passes only the call's flag down (sdpa warns that it has none; attnkit has)."""
     flag = kwargs.get("output_attentions")
     if flag is None:
-        flag = getattr(getattr(module, "config", None), "output_attentions", False)
+        config = module.__dict__.get("config")  # (a plain attribute of transformers' attention modules)
+        if config is None:
+            config = getattr(module, "config", None)
+        # transformers' config stores the flag as ``_output_attentions`` behind a property and two
+        # ``__getattribute__`` overrides (~5 us per layer per step); read it from the instance dict when it is there
+        fields = getattr(config, "__dict__", {})
+        flag = fields["_output_attentions"] if "_output_attentions" in fields else getattr(
+            config, "output_attentions", False)
     return bool(flag)
 
 
 def _refuse_unsupported(module, kwargs: dict) -> None:
-    model = type(module).__name__
     for name, feature in _REFUSED.items():
         if kwargs.get(name) is not None:
+            model = type(module).__name__
             raise BackendUnsupportedError(
                 f"{model} passes {name}={kwargs[name]!r} ({feature}), which attnkit's transformers integration "
                 "does not translate; load this model with attn_implementation='eager' or 'sdpa'.", [feature])
