@@ -23,7 +23,7 @@ def convert_folder(path: str | Path, out: str | Path, *, dtype: torch.dtype | No
     """Convert the Hugging Face folder ``path`` into the attnkit run folder ``out``; return the checkpoint folder.
     A ``path`` without ``config.json`` is refused at once, before transformers is imported."""
     if not (Path(path) / "config.json").is_file():
-        raise AttnkitValueError(f"--hf {str(path)!r} is not a Hugging Face model folder (" + (
+        raise AttnkitValueError(f"path={str(path)!r} is not a Hugging Face model folder (" + (
             "it does not exist" if not Path(path).exists() else "no config.json") + "); pass the folder "
             "from_pretrained loads (config.json and the weights), e.g. one written by save_pretrained.")
     log(f"convert: loading {path} with transformers")  # progress: each phase says itself (the load takes longest)
@@ -41,8 +41,8 @@ def convert_folder(path: str | Path, out: str | Path, *, dtype: torch.dtype | No
     tokenizer = folder_tokenizer(path)  # a tokenizer asking for the folder's code is refused before anything
     if tokenizer is None:
         log(f"note: {path} has no tokenizer files, so the run has none: `attnkit generate` and the report need "
-            "token ids (generate --ids); copy the model's tokenizer files into the folder and convert again to keep it")
-    folder = RunFolder(out, log=log, option="--out")
+            "token ids; copy the model's tokenizer files into the folder and convert again to keep it")
+    folder = RunFolder(out, log=log, option="out")
     folder.check_fresh(overwrite)  # before creating anything (a refused folder is left exactly as it was)
     folder.acquire()
     try:

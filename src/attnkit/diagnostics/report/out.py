@@ -68,7 +68,7 @@ def check_out(out: str | Path, overwrite: bool = False) -> Path:
             return out  # write_page renames the page over the link itself; its target is never opened
         raise AttnkitValueError(f"out {str(out)!r} is a symbolic link (to {os.readlink(out)!r}); the report is never "
                                 "written through a link: remove it, pick another out, or pass overwrite=True "
-                                "(--overwrite) to replace the link itself (its target is left untouched).")
+                                "to replace the link itself (its target is left untouched).")
     if not stat.S_ISREG(st.st_mode):
         kind = "a FIFO (named pipe)" if stat.S_ISFIFO(st.st_mode) else \
             "a socket" if stat.S_ISSOCK(st.st_mode) else "a device" if stat.S_ISCHR(st.st_mode) or stat.S_ISBLK(st.st_mode) \
@@ -77,7 +77,7 @@ def check_out(out: str | Path, overwrite: bool = False) -> Path:
                                 "regular file: pick another out.")
     if not overwrite and not _is_report(out):
         raise AttnkitValueError(f"out {str(out)!r} exists and is not an attnkit report; pick another out, or pass "
-                                "overwrite=True (--overwrite) to replace it.")
+                                "overwrite=True to replace it.")
     return out
 
 
