@@ -126,7 +126,8 @@ def _run_file_names(path: Path) -> list[tuple[int, str]]:
 
 def _flag_names(path: Path) -> list[tuple[int, str]]:
     """String constants in ``path`` (docstrings and comments aside) that begin with a command-line flag."""
-    return [(line, text) for line, text in _strings(path) if re.match(r"--[A-Za-z][A-Za-z-]", text)]  # not "--s" (a matplotlib line style)
+    return [(line, text) for line, text in _strings(path)
+            if re.match(r"--[A-Za-z][A-Za-z-]", text)]  # a flag's name is 2+ letters: "--s" is a matplotlib style
 
 
 @pytest.mark.parametrize("path", [f for f in FILES if _part(_module_name(f)) not in ("cli", "bench")],
@@ -141,7 +142,7 @@ def test_no_flag_names_below_the_cli(path):
 def test_the_flag_check_can_fail(tmp_path):
     fake = tmp_path / "fake.py"
     fake.write_text('"""--run-dir in a docstring is fine."""\n# --out in a comment too\nA = "--"\n'
-                    'B = f"--device {A}: no"\nC = "pass --overwrite"\n')
+                    'B = f"--device {A}: no"\nC = "pass --overwrite"\nS = "--s"\n')
     assert _flag_names(fake) == [(4, "--device ")]
 
 
