@@ -130,15 +130,6 @@ def _flag_names(path: Path) -> list[tuple[int, str]]:
             if re.match(r"--[A-Za-z][A-Za-z-]", text)]  # a flag's name is 2+ letters: "--s" is a matplotlib style
 
 
-@pytest.mark.parametrize("path", [f for f in FILES if _part(_module_name(f)) not in ("cli", "bench")],
-                         ids=lambda p: str(p.relative_to(SRC)))
-def test_no_flag_names_below_the_cli(path):
-    """Issue 20 item 4: the library names its Python arguments (``run_dir=``); cli/flags.py translates to flags."""
-    found = _flag_names(path)
-    assert not found, (f"{_module_name(path)} names command-line flags: {found}; name the Python argument "
-                       "(run_dir=, overwrite=True) and let attnkit.cli.flags translate it")
-
-
 def test_the_flag_check_can_fail(tmp_path):
     fake = tmp_path / "fake.py"
     fake.write_text('"""--run-dir in a docstring is fine."""\n# --out in a comment too\nA = "--"\n'
@@ -146,12 +137,23 @@ def test_the_flag_check_can_fail(tmp_path):
     assert _flag_names(fake) == [(4, "--device ")]
 
 
-@pytest.mark.parametrize("path", [f for f in FILES if _part(_module_name(f)) not in RUN_FILE_OWNERS],
-                         ids=lambda p: str(p.relative_to(SRC)))
-def test_only_runs_names_a_run_folders_files(path):
-    found = _run_file_names(path)
-    assert not found, (f"{_module_name(path)} names a run folder's files itself: {found}; read and write run folders "
-                       "through attnkit.runs (its constants, its reader and writers)")
+#: strings only some parts may spell: {what: (finder, the parts that may, the fix)}. Issue 20 item 4: the library
+#: names its Python arguments (``run_dir=``) and cli/flags.py translates them to flags
+OWNED_STRINGS = {
+    "a run folder's files": (_run_file_names, RUN_FILE_OWNERS, "read and write run folders through attnkit.runs "
+                                                               "(its constants, its reader and writers)"),
+    "command-line flags": (_flag_names, ("cli", "bench"), "name the Python argument (run_dir=, overwrite=True) and "
+                                                          "let attnkit.cli.flags translate it"),
+}
+
+
+@pytest.mark.parametrize("what, path", [(what, f) for what, (_, owners, _) in OWNED_STRINGS.items()
+                                        for f in FILES if _part(_module_name(f)) not in owners],
+                         ids=lambda v: str(v.relative_to(SRC)) if isinstance(v, Path) else v.replace(" ", "-"))
+def test_only_the_owners_spell_their_strings(what, path):
+    find, _, fix = OWNED_STRINGS[what]
+    found = find(path)
+    assert not found, f"{_module_name(path)} names {what} itself: {found}; {fix}"
 
 
 def test_the_file_name_check_can_fail(tmp_path):

@@ -78,7 +78,7 @@ def timed_at_size(value: int, smallest: int, what: str) -> int:
     measured" (never "does not hold" on a timing of overhead, as ``--quick`` sizes would give)."""
     if value < smallest:
         raise ValueError(f"speed not measured at this size: {what} {value} < {smallest}; run the default size "
-                         "(quick=False)")
+                         "(not the quick one)")
     return value
 
 

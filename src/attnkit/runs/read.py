@@ -157,9 +157,9 @@ def set_aside_note(path: str | Path) -> str | None:
     if not kept:
         return None
     return (f"the run that was here is intact in {str(aside)!r} (newest checkpoint {kept[-1].name}), set aside by a "
-            f"training run with overwrite=True that was stopped before its first checkpoint; training with "
-            f"resume={str(path)!r} puts it back and continues it (so does any training run in this folder), or read it where it "
-            f"is ({aside}).")
+            f"training run with overwrite=True that was stopped before its first checkpoint; training again with "
+            f"resume={str(path)!r} puts it back and continues it (so does any new training run in this folder), or "
+            f"read it where it is ({aside}).")
 
 
 def run_folder_of(ckpt: Path, named: str | Path | None = None, *, fix: str = "resume the run folder it belongs "
