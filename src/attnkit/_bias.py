@@ -24,6 +24,10 @@ class StructuredBias:
     #: True when ``score`` depends on the positions only through ``kv_pos - q_pos`` (ALiBi): backends may
     #: then tabulate it once per offset instead of per entry
     relative: bool = False
+    #: True when, on keys at or before the query (``kv_pos <= q_pos``), ``score`` is linear in the offset
+    #: (ALiBi: ``-m_h (q_pos - kv_pos)``): under a causal mask it is then a term of the key alone up to a
+    #: per-row constant, which softmax ignores (backends may pass it as one ``(H, Lk)`` row beside a causal flag)
+    causal_linear: bool = False
 
     def score(self, h: torch.Tensor, q_pos: torch.Tensor, kv_pos: torch.Tensor,
               b: torch.Tensor | None = None) -> torch.Tensor:

@@ -324,12 +324,14 @@ def test_inference_takes_the_sdpa_pieces_and_training_the_tiled_kernel(monkeypat
 
 
 def test_offset_table_is_built_once_per_prepared_mask_and_bias(monkeypatch):
-    """Layers sharing a prepared mask and equal ALiBi slopes read one table; other slopes get their own."""
+    """Layers sharing a prepared mask and equal ALiBi slopes read one table; other slopes get their own (a
+    window: under a causal mask these slopes would run as key rows, without a table)."""
     builds = []
     original = relative.OffsetTable._build
     monkeypatch.setattr(relative.OffsetTable, "_build", lambda self, dtype: builds.append(1) or original(self, dtype))
     q, k, v = _qkv(1, 4, 4, 300, 300, 16)
-    prepared = ak.masks.prepare(M.causal(), 300)
+    window = M.sliding_window(200)
+    prepared = ak.masks.prepare(window, 300)
     with torch.no_grad():
         first = ak.attention(q, k, v, prepared, bias=ak.positions.ALiBi(4), backend="blocksparse")
         again = ak.attention(q, k, v, prepared, bias=ak.positions.ALiBi(4), backend="blocksparse")  # another layer
@@ -337,5 +339,5 @@ def test_offset_table_is_built_once_per_prepared_mask_and_bias(monkeypatch):
         other = ak.positions.ALiBi(4, slopes=torch.tensor([0.3, 0.2, 0.1, 0.05]))
         out = ak.attention(q, k, v, prepared, bias=other, backend="blocksparse")
         assert len(builds) == 2
-        golden = ak.reference_attention(q.double(), k.double(), v.double(), M.causal(), bias=other)
-        assert_within_rule(out, ak.reference_attention(q, k, v, M.causal(), bias=other), golden)
+        golden = ak.reference_attention(q.double(), k.double(), v.double(), window, bias=other)
+        assert_within_rule(out, ak.reference_attention(q, k, v, window, bias=other), golden)

@@ -228,3 +228,42 @@ def test_static_cache_decode_step_compiles_to_one_graph():
     assert float((torch.cat(steps, 1) - full[:, 4:]).abs().max()) <= 1e-5
     assert len(graphs) == 1, f"{len(graphs)} graphs for 6 decode steps"
     assert cache[0].length == 10
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "static", "sliding"])
+def test_positions_already_int64_skip_only_the_conversion(kind):
+    """Positions already int64 (1|B, Lnew) on the cache's device skip position_ids' conversion; every other form
+    is still converted (int32) or refused (an int64 batch that does not fit), and the continuity check stays."""
+    cache = make_cache(kind, 2, 2, 4, max_length=8, window=4)
+    cache.update(*kv(n=2), torch.tensor([[0, 1]], dtype=torch.int32))
+    assert cache.positions.dtype == torch.long
+    with pytest.raises(AttnkitValueError, match=r"positions must have shape \(1, 1\) or \(2, 1\)"):
+        cache.update(*kv(), torch.tensor([[2], [2], [2]]))
+    with pytest.raises(AttnkitValueError, match=r"positions must continue the cached sequence: expected \[\[2\], \[2\]\]"):
+        cache.update(*kv(), torch.tensor([[3]]))
+    cache.update(*kv(), torch.tensor([[2]]))
+    assert cache.length == 3
+
+
+def test_static_cache_eager_updates_read_no_cursor_from_the_device():
+    """The cursor lives on the device (one compiled graph serves every step); eager updates keep its value on the
+    host, so an eager decode step needs no host sync (int(cursor) is one per layer per step on CUDA), and the
+    full-cache check still fires."""
+    reads = []
+
+    class Cursor(torch.Tensor):
+        def __int__(self):
+            reads.append(1)
+            return super().__int__()
+
+    cache = StaticCache(2, 2, 4, max_length=4)
+    cache._cursor = cache._cursor.as_subclass(Cursor)
+    cache.update(*kv(n=2), pos(0, 2))
+    cache.update(*kv(), pos(2, 1))
+    assert cache.length == 3 and reads == []
+    with pytest.raises(CacheFullError, match=r"holds max_length=4 tokens, has 3 and got 2"):
+        cache.update(*kv(n=2), pos(3, 2))
+    cache._host_length = None  # as after a compiled step: the value is read back once
+    assert cache.length == 3 and reads == [1]
+    cache.reset()
+    assert cache.length == 0 and reads == [1]

@@ -508,3 +508,52 @@ def test_command_refuses_a_text_longer_than_the_position_embeddings(capsys):
     assert main(["heads", path, "--text", "word " * 600]) == 2  # 602 tokens with [CLS] and [SEP]
     assert f"--text is 602 tokens but {path} has position embeddings for 512; shorten the text to at most 512 " \
         "tokens." in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ mean ablation of one-row calls
+
+
+def test_mean_ablation_refuses_a_one_row_call(lm):
+    """A one-token call (KV-cached decoding) is its own mean: mode='mean' would leave it unablated, silently."""
+    tokens = torch.randint(0, 257, (1, 6))
+    cache = lm.new_cache(1, max_length=6)
+    with torch.no_grad(), ablate(lm, [(1, 2)], "mean"):
+        lm(tokens[:, :5], positions=torch.arange(5)[None], cache=cache)  # 5 rows: a mean over them
+        with pytest.raises(NotImplementedError, match=r"ablate\(mode='mean'\): layer 1's attention call has B \* Lq "
+                                                      r"= 1 \* 1 = 1 query row, .* pass them: .*means=means"):
+            lm(tokens[:, 5:], positions=torch.tensor([[5]]), cache=cache)
+
+
+def test_mean_ablation_with_recorded_means_ablates_cached_decoding(lm):
+    """With means recorded on a reference input, every call uses them: token-by-token cached decoding equals the
+    full forward, which equals the in-call mean ablation of that same input (one layer-0 head: nothing earlier
+    changes what is averaged)."""
+    tokens = torch.randint(0, 257, (1, 9))
+    with torch.no_grad():
+        with ablate(lm, [(0, 1)], "mean"):
+            want = lm(tokens)  # (1, L, V)
+        with record_heads(lm) as means:
+            intact = lm(tokens)
+        with ablate(lm, [(0, 1)], "mean", means=means):
+            full = lm(tokens)
+            cache = lm.new_cache(1, max_length=9)
+            steps = [lm(tokens[:, p:p + 1], positions=torch.tensor([[p]]), cache=cache) for p in range(9)]
+    assert float((want - intact).abs().max()) > 1e-6, "the ablation must change the logits for the test to mean anything"
+    torch.testing.assert_close(full, want, rtol=0, atol=1e-12)
+    torch.testing.assert_close(torch.cat(steps, dim=1), want, rtol=0, atol=1e-10)
+
+
+def test_mean_ablation_means_errors(lm):
+    with record_heads(lm.blocks[0].attn) as partial, torch.no_grad():
+        lm.blocks[0].attn(torch.randn(1, 3, lm.config.dim, dtype=torch.float64))
+    with pytest.raises(ValueError, match=r"means= is used by mode='mean' only, got mode='zero'"):
+        ablate(lm, [(0, 1)], "zero", means=partial)
+    with pytest.raises(TypeError, match=r"means must be a record_heads\(...\) of a reference input, got"):
+        ablate(lm, [(0, 1)], "mean", means={0: torch.zeros(1)})
+    with pytest.raises(ValueError, match=r"means holds no output for layer\(s\) \[1\] .* on the reference input"):
+        ablate(lm, [(1, 1)], "mean", means=partial)
+    wrong = record_heads(lm)
+    wrong.outputs = {0: torch.zeros(1, 4, 3, 5, dtype=torch.float64)}
+    with pytest.raises(ValueError, match=r"means: layer 0's recorded output has head dim 5 but this call's is"), \
+            torch.no_grad(), ablate(lm, [(0, 1)], "mean", means=wrong):
+        lm(torch.randint(0, 257, (1, 3)))

@@ -107,6 +107,31 @@ def test_convert_needs_a_folder_with_config(tmp_path, capsys):
     assert "is not a Hugging Face model folder (no config.json)" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("tiny", ["hf-llama-tiny", "hf-gpt2-tiny"])
+def test_convert_takes_the_targets_every_command_takes(tiny, tmp_path, capsys):
+    """`attnkit convert --hf hf-llama-tiny` converts what generate/doctor/report open by that name (runs.locate):
+    the run's logits are the transformers model's, drawn from the same seed."""
+    import copy
+
+    from attnkit.runs import load_model
+    from attnkit.runs.source import hf_tiny
+    from oracle import assert_within_rule
+
+    torch.manual_seed(0)
+    assert main(["convert", "--hf", tiny, "--out", str(tmp_path / "run")]) == 0
+    torch.manual_seed(0)
+    hf = hf_tiny(tiny)
+    tokens = torch.randint(0, 128, (1, 9))
+    with torch.no_grad():  # the rule of docs/conventions.md, golden: the transformers model in float64
+        golden = copy.deepcopy(hf).double()(input_ids=tokens).logits
+        assert_within_rule(load_model(tmp_path / "run")(tokens), hf(input_ids=tokens).logits, golden,
+                           what=f"{tiny} converted")
+    assert main(["convert", "--hf", str(tmp_path / "run"), "--out", str(tmp_path / "again")]) == 2
+    assert (f"--hf {str(tmp_path / 'run')!r} is an attnkit run, not a Hugging Face model; convert takes a Hugging "
+            "Face folder (config.json + weights) or hf-*-tiny") in capsys.readouterr().err
+    assert not (tmp_path / "again").exists()
+
+
 def test_report_on_a_converted_run_uses_its_tokenizer(hf_folder, tmp_path, capsys):
     folder, _, tokenizer = hf_folder
     run = tmp_path / "run"

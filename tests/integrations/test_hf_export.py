@@ -119,16 +119,27 @@ def test_out_is_refused_unless_empty_or_an_earlier_export_with_overwrite(small_r
     assert main(["export", str(small_run), "--hf", str(out)]) == 0
     assert main(["export", str(small_run), "--hf", str(out)]) == 2
     assert f"--hf {str(out)!r} is not empty; pass --overwrite to replace an earlier export" in capsys.readouterr().err
-    (out / "stale.txt").write_text("from the earlier export")
     assert main(["export", str(small_run), "--hf", str(out), "--overwrite"]) == 0
-    assert (out / "config.json").is_file() and not (out / "stale.txt").exists()
+    assert (out / "config.json").is_file() and (out / "model.safetensors").is_file()
+    assert oct(out.stat().st_mode & 0o777) != oct(0o700)  # not mkdtemp's private mode
+    (out / "stale.txt").write_text("the user's")  # an unknown file is never deleted
+    assert main(["export", str(small_run), "--hf", str(out), "--overwrite"]) == 2
+    assert f"--hf {str(out)!r} is not an earlier export: it holds ['stale.txt'], which an export does not write" \
+        in capsys.readouterr().err
+    assert (out / "stale.txt").read_text() == "the user's"
 
     mine = tmp_path / "mine"
     mine.mkdir()
-    (mine / "notes.txt").write_text("keep me")
+    (mine / "config.json").write_text("{}")
     assert main(["export", str(small_run), "--hf", str(mine), "--overwrite"]) == 2
-    assert "holds files but no config.json, so it is not a Hugging Face folder" in capsys.readouterr().err
-    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+    assert "its config.json is not a transformers model config" in capsys.readouterr().err
+    (mine / "config.json").write_text("not json")
+    assert main(["export", str(small_run), "--hf", str(mine), "--overwrite"]) == 2
+    assert "its config.json can't be read as JSON" in capsys.readouterr().err
+    (mine / "config.json").write_text('{"model_type": "llama"}')
+    assert main(["export", str(small_run), "--hf", str(mine), "--overwrite"]) == 2
+    assert "it has no weights (model.safetensors or" in capsys.readouterr().err
+    assert [p.name for p in mine.iterdir()] == ["config.json"]
 
     (tmp_path / "file").write_text("x")
     assert main(["export", str(small_run), "--hf", str(tmp_path / "file")]) == 2
@@ -142,18 +153,36 @@ def test_never_writes_through_a_symlink(small_run, tmp_path, capsys):
     assert main(["export", str(small_run), "--hf", str(tmp_path / "link"), "--overwrite"]) == 2
     assert "is a symbolic link; export never writes through links" in capsys.readouterr().err
     assert not any(target.iterdir())
-    # a link inside an earlier export is removed with it, its target untouched
+    # a link inside an earlier export makes it not an export: refused, the link and its target untouched
     out = tmp_path / "out"
     assert main(["export", str(small_run), "--hf", str(out)]) == 0
-    (out / "extra").symlink_to(target)
-    (target / "precious.txt").write_text("x")
-    assert main(["export", str(small_run), "--hf", str(out), "--overwrite"]) == 0
-    assert (target / "precious.txt").read_text() == "x" and not (out / "extra").exists()
+    (out / "config.json").rename(tmp_path / "config.json")
+    (out / "config.json").symlink_to(tmp_path / "config.json")
+    assert main(["export", str(small_run), "--hf", str(out), "--overwrite"]) == 2
+    assert "it holds ['config.json'], which an export does not write" in capsys.readouterr().err
+    assert (out / "config.json").is_symlink()
+
+
+def test_overwrite_never_deletes_a_trained_run(small_run, tmp_path, capsys):
+    """A run folder has a config.json too (the trainer's, with a run_id): --overwrite must refuse it, not rmtree it."""
+    run = _write_run(tmp_path / "run", load_model(small_run))
+    (run / "config.json").write_text(json.dumps({"run_id": "r1", "model_config": {}}))
+    (run / "metrics.jsonl").write_text("")
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    assert main(["export", str(small_run), "--hf", str(run), "--overwrite"]) == 2
+    assert f"--hf {str(run)!r} is not an earlier export: it holds ['checkpoints', 'metrics.jsonl']" \
+        in capsys.readouterr().err
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
 
 
 def test_missing_run_is_named(tmp_path, capsys):
     assert main(["export", str(tmp_path / "nope"), "--hf", str(tmp_path / "out")]) == 2
-    assert f"RUN {str(tmp_path / 'nope')!r} is not a run or checkpoint folder" in capsys.readouterr().err
+    assert f"RUN {str(tmp_path / 'nope')!r} is not a run or checkpoint folder (nothing attnkit opens)" \
+        in capsys.readouterr().err
+    assert main(["export", "hf-llama-tiny", "--hf", str(tmp_path / "out")]) == 2  # read by runs.locate, as doctor does
+    assert "RUN 'hf-llama-tiny' is not a run or checkpoint folder (a hf-tiny target); pass a folder" \
+        in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_a_folder_whose_logits_differ_is_never_written(small_run, tmp_path, monkeypatch, capsys):

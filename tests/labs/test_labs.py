@@ -10,7 +10,7 @@ from attnkit.cli.main import main
 from attnkit.errors import AttnkitValueError
 from attnkit.labs import LABS, get_lab, lab
 from attnkit.labs.harness import IGNORE, copy_batch, recall_batch
-from attnkit.labs.report import FAILS, HOLDS, MIXED, Claim
+from attnkit.labs.report import FAILS, HOLDS, MIXED, Claim, check_out_folder
 
 VERDICTS = {HOLDS, FAILS, MIXED, "not measured"}
 EXPECTED = {"scale", "mask", "positions", "long-range", "heads", "efficient", "pitfalls"}
@@ -180,3 +180,30 @@ def test_every_lab_module_is_discovered_without_a_list():
                 for m in re.finditer(r'^@lab\(\s*"([^"]+)"', path.read_text(), flags=re.M)}
     assert declared and declared == set(labs.LABS), (declared, set(labs.LABS))
     assert "import (" not in Path(labs.__file__).read_text()  # no hand-kept import list
+
+
+def test_out_is_never_a_users_folder(tmp_path, capsys):
+    """`attnkit lab NAME --out DIR` refuses a non-empty folder that is not that lab's earlier output (run-folder
+    rules), before anything runs, and deletes nothing."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "thesis.tex").write_text("years of work")
+    assert main(["lab", "heads", "--quick", "--out", str(mine)]) == 2
+    assert (f"--out {str(mine)!r} is not empty and is not an earlier output of lab 'heads': it holds ['thesis.tex'], "
+            "which a lab does not write; pick an empty or new --out, or pass --overwrite") in capsys.readouterr().err
+    assert [p.name for p in mine.iterdir()] == ["thesis.tex"]
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "results.json").write_text(json.dumps({"lab": "scale"}))
+    with pytest.raises(AttnkitValueError, match="its results.json is not lab 'heads''s \\(lab: 'scale'\\)"):
+        check_out_folder(other, "heads")
+    (other / "results.json").write_text("{")
+    with pytest.raises(AttnkitValueError, match="it has no readable results.json \\(JSONDecodeError\\)"):
+        check_out_folder(other, "heads")
+    (other / "results.json").write_text(json.dumps({"lab": "heads"}))
+    (other / "attn.png").write_bytes(b"")
+    assert check_out_folder(other, "heads") == other  # an earlier output of the same lab
+    assert check_out_folder(mine, "heads", overwrite=True) == mine
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(AttnkitValueError, match="^out='.*file' is a file; pass a folder"):
+        check_out_folder(tmp_path / "file", "heads")

@@ -118,3 +118,25 @@ def test_part_factories_name_their_registries():
         ak.nn.make_norm("batchnorm", 8)
     with pytest.raises(AttnkitValueError, match="activation must be one of"):
         ak.nn.MLP(8, 16, activation="swish2")
+
+
+def test_dropout_modules_run_only_when_training_with_p_above_zero():
+    """At eval (or p == 0) the dropout modules are skipped, not called as identities (one module dispatch per
+    layer per decode step); in training with p > 0 they still run and change the output."""
+    torch.manual_seed(0)
+    model = build_lm("nano", vocab_size=V, dim=32, n_layers=2, n_heads=2, dropout=0.5)
+    calls = []
+    for m in model.modules():
+        if isinstance(m, nn.Dropout):
+            m.register_forward_hook(lambda *_: calls.append(1))
+    tokens = torch.randint(0, V, (2, 9))
+    model.eval()
+    evaluated = model(tokens)
+    assert calls == []
+    model.train()
+    torch.manual_seed(1)
+    trained = model(tokens)
+    assert len(calls) == 1 + 2 * 2  # embeddings, and per layer the residual and the MLP dropout
+    assert not torch.allclose(trained, evaluated)
+    model.eval()
+    assert torch.equal(model(tokens), evaluated)

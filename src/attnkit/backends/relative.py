@@ -8,9 +8,15 @@ tiled kernel then reads slices instead of evaluating the bias and the mask per p
 ``h x BLOCK x (span + BLOCK)`` entries, where ``span`` is the number of offsets its heads can see (at most
 Lq + Lk): it does not grow with Lq x Lk.
 
+Under a causal mask with Lq = Lk, a bias linear in the offset (ALiBi: ``-m_h (i - j) = m_h j - m_h i``) is a
+row of key terms ``m_h j`` up to the per-row constant, which softmax ignores: heads whose row spans at most
+:data:`KEY_ROW_SPAN` run as one call of SDPA's fused CPU kernel with its causal flag (which skips the key blocks
+above the diagonal) and that ``(1, h, 1, Lk)`` row as the float mask, no pieces (see ``key_row``).
+
 Keys the kernel's cutoff would zero anyway are skipped: a query's scores differ by at most
 ``2 * scale * max|q| * max|k|`` from its score at offset 0 (always visible here), so where a decaying bias
-(ALiBi) has fallen below ``-(CUTOFF + that)``, the weight is exactly 0 either way. ALiBi heads with steep
+(ALiBi) has fallen below ``-(CUTOFF + that)``, the weight is exactly 0 either way (on SDPA, which cuts
+nothing: below ``-(REACH_CUTOFF + that)``, a weight far below float32's resolution). ALiBi heads with steep
 slopes thus reach only a few hundred keys back; heads are grouped by how far they reach.
 
 Shape legend: B batch, H heads, Lq/Lk lengths, lq/lk a piece's query/key counts, X table columns.
@@ -33,6 +39,13 @@ BLOCK = 128  # queries per piece (measured best of 32..256 for the tiled kernel 
 #: reaches are rounded up to a multiple of this (layers share tables; a coarser step lets more weights below
 #: e^-87 reach the kernel, where float32 turns subnormal and x86 cores slow down ~100x per operation)
 REACH_STEP = 32
+#: on SDPA (float32 and half precision), keys whose bias has fallen this far below offset 0's (beyond what the
+#: scores can add back) are skipped: each weighs < e^-30 (1e-13) of offset 0's key, a tail below 1e-9 of the
+#: row's mass even over 10^4 keys, far under float32's rounding; closer than the tiled kernel's CUTOFF (60, which
+#: it uses: float64 would see the difference) so that SDPA's kernels, which cut nothing, see fewer weights in
+#: float32's subnormal range (< e^-87): slope 1/4 at N = 1024 ran 1.9x the causal kernel's time per head with
+#: 60, 0.9x with 30
+REACH_CUTOFF = 30.0
 #: a kernel call's fixed cost in score entries: heads join a group (computing keys beyond their reach, as -inf)
 #: when that costs less than calls of their own (measured on ALiBi causal at N = 512-4096: 65536 beat 8192 by
 #: 4-9% and one group for all heads by up to 27%)
@@ -40,6 +53,19 @@ CALL_ENTRIES = 65536
 #: the largest offset table kept in a prepared mask's memo (H x BLOCK x ~(Lq + Lk) floats); larger ones are
 #: built per call (their cost is still O(Lq + Lk) per head, small beside the attention itself)
 TABLE_MEMO_BYTES = 64 << 20
+#: the most a key row (``m_h j`` over a call's keys, centred) may span in one call: its float32 scores then hold
+#: values as large as the table's (measured against the float64 oracle: spans of 16 and 32 kept the error near
+#: the float32 reference's, 64 exceeded the oracle rule at N = 300, D = 16, 256 gave ~8x the reference's error)
+KEY_ROW_SPAN = 32.0
+#: a longer row is cut into up to this many query segments (a causal call on each diagonal block plus one on the
+#: keys before it, merged by their log-sum-exp), each with a row of at most KEY_ROW_SPAN. Steeper heads stay on
+#: the offset table: their bias would push weights into float32's subnormal range (below e^-87), where x86
+#: matrix products slow down (measured: slope 1/4 ran at 0.41-0.50x the causal kernel at N = 1024-4096)
+KEY_ROW_SEGMENTS = 4
+#: keys per block of SDPA's fused CPU kernel: a head's bias may fall at most 2 * KEY_ROW_SPAN across one block,
+#: so that weights stay out of the subnormal range inside it (slope 1/4 at N = 512, a fall of 128, ran 1.6x the
+#: causal kernel's time per head)
+KERNEL_KEY_BLOCK = 512
 
 Interval = tuple[int | None, int | None]
 
@@ -51,6 +77,9 @@ class HeadGroup:
     heads: slice
     pieces: list[Piece]
     table: OffsetTable
+    #: > 0: the heads run as causal calls with their :func:`key_row` as the float mask (SDPA on the CPU), the
+    #: queries cut into this many segments
+    key_row: int = 0
 
     def terms(self, piece: Piece, rows: slice, heads: slice) -> torch.Tensor:
         """:data:`~attnkit.backends.tiled.Terms` of the group: ``(1, h, lq, lk)``, ``heads`` within the group."""
@@ -58,9 +87,13 @@ class HeadGroup:
         return self.table.terms(piece, slice(self.heads.start + start, self.heads.start + stop))
 
 
-def relative_groups(call: AttentionCall, mask: MaskSpec | None) -> list[HeadGroup] | None:
+def relative_groups(call: AttentionCall, mask: MaskSpec | None, sdpa: bool = False,
+                    key_rows: int = 0) -> list[HeadGroup] | None:
     """The head groups of an offset-only call, or None when the call isn't one (bias not relative, mask not
-    an offset interval, positions not consecutive or not shared by the batch rows)."""
+    an offset interval, positions not consecutive or not shared by the batch rows). ``sdpa``: the pieces run
+    on SDPA (keys beyond :data:`REACH_CUTOFF` skipped, not the tiled kernel's CUTOFF); ``key_rows``: the caller
+    can run heads as causal calls with a key row (:func:`key_row`) in up to this many query segments; heads
+    that qualify get groups of their own marked with their segment count."""
     if not (isinstance(call.bias, StructuredBias) and call.bias.relative):
         return None
     interval = (None, None) if mask is None else mask.offsets()
@@ -71,26 +104,66 @@ def relative_groups(call: AttentionCall, mask: MaskSpec | None) -> list[HeadGrou
     if q0 is None or k0 is None:
         return None
     base = k0 - q0  # d = base + j - i for query index i and key index j
-    per_head = _head_intervals(call, interval, base)  # one interval per head
+    rows = _key_row_heads(call, interval, base, key_rows) if key_rows else (0,) * call.num_heads
+    if all(rows):  # no head reads the table: skip the reach (it reads q and k)
+        per_head = [interval] * call.num_heads
+    else:
+        per_head = _head_intervals(call, interval, base, REACH_CUTOFF if sdpa else CUTOFF)  # one interval per head
     table = OffsetTable(call, interval, per_head, base)  # every group reads its heads' slices of one table
-    layout = _layout(call, base, per_head) if call.prepared is None else call.prepared.memo(
-        ("relative_layout", base, tuple(per_head)), lambda: _layout(call, base, per_head))  # the prepared mask fixes Lq, Lk
-    return [HeadGroup(heads, pieces, table) for heads, pieces in layout]
+    layout = _layout(call, base, per_head, rows) if call.prepared is None else call.prepared.memo(
+        ("relative_layout", base, tuple(per_head), rows),
+        lambda: _layout(call, base, per_head, rows))  # the prepared mask fixes Lq, Lk
+    return [HeadGroup(heads, pieces, table, rows[heads.start]) for heads, pieces in layout]
 
 
-def _layout(call: AttentionCall, base: int, per_head: list[Interval]) -> list[tuple[slice, list[Piece]]]:
+def _layout(call: AttentionCall, base: int, per_head: list[Interval],
+            rows: tuple[int, ...]) -> list[tuple[slice, list[Piece]]]:
     """Heads grouped (consecutive) with the pieces each group runs: a head joins the group before it when
-    computing the group's wider key ranges costs no more than calls of its own."""
+    both run alike (``rows``: as key-row calls in as many segments, or not) and computing the group's wider
+    key ranges costs no more than calls of its own; consecutive key-row heads with as many segments join."""
     groups: list[tuple[int, int, Interval]] = []  # (first head, end head, the interval their pieces cover)
     for h, iv in enumerate(per_head):
-        if groups:
+        if groups and rows[groups[-1][0]] == rows[h]:
             h0, _, wide = groups[-1]
             merged = _cost(call, base, h + 1 - h0, _union(wide, iv))
-            if merged <= _cost(call, base, h - h0, wide) + _cost(call, base, 1, iv):  # joining costs no more
+            if rows[h] or merged <= _cost(call, base, h - h0, wide) + _cost(call, base, 1, iv):  # costs no more
                 groups[-1] = (h0, h + 1, _union(wide, iv))
                 continue
         groups.append((h, h + 1, iv))
     return [(slice(h0, h1), _pieces(iv, base, call.q_len, call.kv_len)) for h0, h1, iv in groups]
+
+
+def _key_row_heads(call: AttentionCall, interval: Interval, base: int, most: int) -> tuple[int, ...]:
+    """Per head: the query segments it needs to run as causal calls with its key row (0: it can't), exactly:
+    the mask is causal (every key at or before the query), queries and keys are the same positions (the
+    kernel's causal flag aligns top-left), the bias is linear there, and its row spans at most
+    :data:`KEY_ROW_SPAN` in each of at most ``most`` segments, and per kernel block (the caller asks one
+    segment for half precision, whose merge would round each segment's output first, and for autograd)."""
+    d_lo, d_hi = interval
+    causal = d_hi == 0 and (d_lo is None or d_lo <= 1 - call.kv_len)
+    if not (call.bias.causal_linear and causal and base == 0 and call.q_len == call.kv_len):
+        return (0,) * call.num_heads
+    row = key_row(call)  # (H, Lk)
+    out = []
+    for span in (row.amax(-1) - row.amin(-1)).tolist():
+        segments = max(1, math.ceil(span / KEY_ROW_SPAN))
+        block_fall = span * min(1.0, KERNEL_KEY_BLOCK / max(1, call.kv_len - 1))  # across one kernel block
+        out.append(segments if segments <= most and block_fall <= 2 * KEY_ROW_SPAN else 0)
+    return tuple(out)
+
+
+def key_row(call: AttentionCall) -> torch.Tensor:
+    """``(H, Lk)`` float32: the bias of the last query against every key, ``score(h, Lk - 1, j)`` (ALiBi:
+    ``-m_h (Lk - 1 - j)``). For a causal-linear bias (:attr:`~attnkit._bias.StructuredBias.causal_linear`) with
+    Lq = Lk and consecutive positions, query i's bias against key j <= i is this row's entry j plus a constant
+    of the row; kept in the prepared mask's memo when the bias has a :meth:`memo_key`."""
+    def build() -> torch.Tensor:
+        dev = call.q.device
+        h = torch.arange(call.num_heads, device=dev)[:, None]  # (H, 1)
+        j = torch.arange(call.kv_len, device=dev)[None, :]  # (1, Lk)
+        return call.bias.score(h, torch.full((), call.kv_len - 1, device=dev), j).float()  # (H, Lk)
+    key = call.bias.memo_key()
+    return build() if call.prepared is None or key is None else call.prepared.memo(("key_row", key), build)
 
 
 def _union(a: Interval, b: Interval) -> Interval:
@@ -110,12 +183,15 @@ def describe(groups: list[HeadGroup], call: AttentionCall) -> str:
     work = sum((g.heads.stop - g.heads.start) * p.lq * p.lk for g in groups for p in g.pieces)
     work /= max(1, call.num_heads * call.q_len * call.kv_len)
     pruned = f", {len(groups)} head groups by how far their bias reaches" if len(groups) > 1 else ""
+    rows = sum(g.heads.stop - g.heads.start for g in groups if g.key_row)
+    rows = f"; {rows} heads as causal SDPA calls with the bias as a row of key terms" if rows else ""
     return (f"tiled kernel, {len(groups[0].pieces)} query pieces against the keys their offsets allow, bias "
-            f"from an offset table{pruned}; computes {100 * work:.1f}% of the Lq x Lk entries")
+            f"from an offset table{pruned}; computes {100 * work:.1f}% of the Lq x Lk entries{rows}")
 
 
-def _head_intervals(call: AttentionCall, interval: Interval, base: int) -> list[Interval]:
-    """The mask's interval per head, narrowed to the bias's reach where every query sees offset 0."""
+def _head_intervals(call: AttentionCall, interval: Interval, base: int, cutoff: float) -> list[Interval]:
+    """The mask's interval per head, narrowed to the bias's reach (``cutoff`` beyond what the scores can add)
+    where every query sees offset 0."""
     d_lo, d_hi = interval
     sees_zero = (d_lo is None or d_lo <= 0) and (d_hi is None or d_hi >= 0) and base <= 0 \
         and call.q_len - 1 - base < call.kv_len  # key j = i - base exists for every query i
@@ -126,7 +202,7 @@ def _head_intervals(call: AttentionCall, interval: Interval, base: int) -> list[
         q_norm = torch.linalg.vector_norm(call.q.detach(), dim=-1, dtype=dtype).amax(dim=(0, 2))  # (H,)
         k_norm = torch.linalg.vector_norm(call.k.detach(), dim=-1, dtype=dtype).amax(dim=(0, 2))  # (Hkv,)
         k_norm = k_norm.repeat_interleave(call.num_heads // call.num_kv_heads)  # (H,)
-        margin = CUTOFF + 2 * call.scale * q_norm * k_norm  # (H,) most a score can rise above offset 0's
+        margin = cutoff + 2 * call.scale * q_norm * k_norm  # (H,) most a score can rise above offset 0's
         reach = call.bias.reach(margin)
     if reach is None:
         return [interval] * call.num_heads

@@ -23,6 +23,7 @@ from torch import nn
 
 from attnkit._progress import progress
 from attnkit.bench.common import RESULTS_DIR, matmul_peak_gflops, round_robin, write_results
+from attnkit.errors import AttnkitValueError
 from attnkit.models.builders import build_lm
 from attnkit.models.generation import generate, stream_generate
 from attnkit.models.lm import TransformerLM
@@ -167,6 +168,83 @@ class CompiledGreedy:
         return torch.cat(out, dim=1)  # (B, N)
 
 
+class BareCompiledGreedy:
+    """:func:`bare_torch_greedy` with attnkit's static-cache layout: K/V preallocated ``(B, H, T, D)`` per layer,
+    the write slot a tensor (``index_copy_``), every slot attended under a ``key position <= query position``
+    mask, and the decode step ``torch.compile``d (one graph; the prefill runs eager). The baseline for
+    :class:`CompiledGreedy`."""
+
+    def __init__(self, model: TransformerLM, batch: int, max_length: int):
+        E, H = model.embed.weight.shape[1], model.config.n_heads
+        self.model, self.B, self.E, self.H, self.D, self.T = model, batch, E, H, E // H, max_length
+        self.blocks = [(b.norm1, b.attn.qkv_proj, b.attn.out_proj, b.norm2, b.mlp.up, b.mlp.down) for b in model.blocks]
+        self.K = [torch.zeros(batch, H, max_length, E // H) for _ in self.blocks]  # (B, H, T, D) per layer
+        self.V = [torch.zeros(batch, H, max_length, E // H) for _ in self.blocks]
+        self.slots = torch.arange(max_length)  # (T,)
+        self.step = torch.compile(self.forward, dynamic=False)
+
+    def forward(self, tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """tokens ``(B, L)`` at positions ``pos (L,)`` -> last logits ``(B, V)``."""
+        model, B, E, H, D = self.model, self.B, self.E, self.H, self.D
+        L = tokens.shape[1]
+        x = F.embedding(tokens, model.embed.weight) + model.pos_embed.embedding.weight[pos]  # (B, L, E)
+        visible = (self.slots[None, :] <= pos[:, None])[None, None]  # (1, 1, L, T)
+        for i, (ln1, qkv, out, ln2, fc, proj) in enumerate(self.blocks):
+            h = F.layer_norm(x, (E,), ln1.weight, ln1.bias)
+            q, k, v = F.linear(h, qkv.weight, qkv.bias).view(B, L, 3, H, D).permute(2, 0, 3, 1, 4)  # (B, H, L, D) x3
+            self.K[i].index_copy_(2, pos, k)
+            self.V[i].index_copy_(2, pos, v)
+            a = F.scaled_dot_product_attention(q, self.K[i], self.V[i], attn_mask=visible)  # (B, H, L, D)
+            x = x + F.linear(a.transpose(1, 2).reshape(B, L, E), out.weight, out.bias)  # (B, L, E)
+            h = F.gelu(F.linear(F.layer_norm(x, (E,), ln2.weight, ln2.bias), fc.weight, fc.bias), approximate="tanh")
+            x = x + F.linear(h, proj.weight, proj.bias)
+        return F.linear(F.layer_norm(x[:, -1], (E,), model.norm.weight, model.norm.bias), model.embed.weight)
+
+    def __call__(self, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
+        P = prompt.shape[1]
+        with torch.inference_mode():
+            tok = self.forward(prompt, torch.arange(P)).argmax(-1, keepdim=True)  # (B, 1)
+            out = [tok]
+            for i in range(new_tokens - 1):
+                tok = self.step(tok, torch.tensor([P + i])).argmax(-1, keepdim=True)  # (B, 1)
+                out.append(tok)
+        return torch.cat(out, dim=1)  # (B, N)
+
+
+def lm_vs_bare(batch: int = 1, prompt_len: int = 32, new_tokens: int = 64, repeats: int = 5, vocab: int = 8192,
+               dim: int = 512, layers: int = 4, heads: int = 8, compiled: bool = True) -> dict:
+    """attnkit's own ``TransformerLM`` decode against a bare torch loop of the same model (same weights, same
+    greedy tokens), side by side in random order: eager ``generate`` (dynamic and static cache) against
+    :func:`bare_torch_greedy`, and :class:`CompiledGreedy` against :class:`BareCompiledGreedy`."""
+    torch.manual_seed(0)
+    model = gpt2_decoder(vocab, dim, layers, heads)
+    prompt = torch.randint(0, vocab, (batch, prompt_len))  # (B, P)
+    want = bare_torch_greedy(model, prompt, new_tokens).tolist()
+    fns = {"bare_loop": lambda: bare_torch_greedy(model, prompt, new_tokens)}
+    for kind in ("dynamic", "static"):
+        fns[f"attnkit_{kind}"] = lambda kind=kind: generate(model, prompt.tolist(), max_new_tokens=new_tokens,
+                                                            cache=kind)
+    if compiled:
+        fns["attnkit_static_compiled"] = CompiledGreedy(model, batch, prompt_len + new_tokens)
+        fns["bare_loop_compiled"] = BareCompiledGreedy(model, batch, prompt_len + new_tokens)
+    same = {}
+    for name, fn in fns.items():
+        got = fn(prompt, new_tokens) if isinstance(fn, (CompiledGreedy, BareCompiledGreedy)) else fn()
+        same[name] = (got if isinstance(got, list) else got.tolist()) == want
+    calls = {name: (lambda fn=fn: fn(prompt, new_tokens)) if isinstance(fn, (CompiledGreedy, BareCompiledGreedy))
+             else fn for name, fn in fns.items()}
+    t = round_robin(calls, repeats, warmup=1)
+    rows = {name: {"ms_per_token": 1e3 * s / new_tokens, "same_tokens_as_bare_loop": same[name]}
+            for name, s in t.items()}
+    ratios = {"TransformerLM eager (dynamic) vs bare loop": t["bare_loop"] / t["attnkit_dynamic"],
+              "TransformerLM eager (static) vs bare loop": t["bare_loop"] / t["attnkit_static"]}
+    if compiled:
+        ratios["compiled vs bare loop compiled"] = t["bare_loop_compiled"] / t["attnkit_static_compiled"]
+    return {"config": {"batch": batch, "prompt": prompt_len, "new_tokens": new_tokens, "repeats": repeats,
+                       "vocab": vocab, "dim": dim, "layers": layers, "heads": heads, "dtype": "float32"},
+            "contenders": rows, "speed_ratios": ratios}
+
+
 def bench_case(hf_models, ours, batch, prompt_len, new_tokens, nocache_tokens, repeats, vocab, compiled=True):
     prompt = torch.randint(0, vocab, (batch, prompt_len))
     prompts = prompt.tolist()
@@ -251,9 +329,30 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--contexts", type=int, nargs="+", default=[64, 128, 256, 512, 1024, 2048, 4096])
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile'd static-cache contender")
     parser.add_argument("--out", default=str(RESULTS_DIR))
+    parser.add_argument("--parts", default="hf,lm_vs_bare",
+                        help="comma-separated: hf (vs transformers, and the sliding-window curve), lm_vs_bare "
+                             "(TransformerLM vs a bare torch loop, eager and compiled; written to decode_lm_vs_bare.json)")
 
 
 def run(args) -> int:
+    parts = {p.strip() for p in args.parts.split(",") if p.strip()}
+    unknown = parts - {"hf", "lm_vs_bare"}
+    if unknown or not parts:
+        raise AttnkitValueError(f"--parts {args.parts!r}: choose from hf, lm_vs_bare (comma-separated), "
+                                f"got unknown {sorted(unknown)}.")
+    if "lm_vs_bare" in parts:
+        record = lm_vs_bare(batch=1, prompt_len=32, new_tokens=64, repeats=args.repeats, vocab=args.vocab,
+                            dim=args.dim, layers=args.layers, heads=args.heads, compiled=not args.no_compile)
+        for name, r in record["contenders"].items():
+            print(f"  {name:26s} {r['ms_per_token']:6.2f} ms/token  same tokens: {r['same_tokens_as_bare_loop']}")
+        for name, ratio in record["speed_ratios"].items():
+            print(f"  {name}: x{ratio:.2f}")
+        record["notes"] = ("Medians of round-robin runs in random order, one process; speed_ratios = bare-loop time / "
+                           "attnkit time (>= 1.0: attnkit at least as fast). Greedy, B=1, prompt 32, 64 new tokens; "
+                           "compile time excluded (one warm-up call).")
+        print(f"wrote {write_results('decode_lm_vs_bare', record, args.out)}")
+    if "hf" not in parts:
+        return 0
     torch.manual_seed(0)
     shape = (args.vocab, args.dim, args.layers, args.heads)
     hf_models = {impl: hf_gpt2(*shape, impl) for impl in ("eager", "sdpa")}

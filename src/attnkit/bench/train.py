@@ -117,6 +117,68 @@ def _step_fn(model, loss_fn, precision, device):
     return step
 
 
+def _ak_model(config, checkpointing: bool = False) -> TransformerLM:
+    torch.manual_seed(0)
+    m = TransformerLM(config)
+    m.gradient_checkpointing = checkpointing
+    return m.train()
+
+
+def _ref_model(config, seq_len: int) -> RefGPT:
+    torch.manual_seed(0)
+    return RefGPT(config.vocab_size, config.dim, config.n_layers, config.n_heads, seq_len).train()
+
+
+def _ref_loss(batch):
+    """The reference's loss on ``batch`` (it takes no positions or documents)."""
+    return lambda model: F.cross_entropy(model(batch.inputs).float().flatten(0, 1), batch.targets.flatten())
+
+
+def _ak_loss(batch):
+    """attnkit's loss on ``batch``, with its positions and document ids (packed rows: no cross-document attention)."""
+    return lambda model: F.cross_entropy(
+        model(batch.inputs, positions=batch.positions, doc_ids=batch.doc_ids).float().flatten(0, 1),
+        batch.targets.flatten())
+
+
+def _long_contenders(args, config, default: str) -> tuple[dict, int]:
+    """The packed-vs-unpacked steps on one long row of short documents, and how many documents the row holds."""
+    long_config = config.replace(max_seq_len=args.long_seq_len)
+    short_docs = [d for d in load_documents(None) if len(d[1]) < args.long_max_doc]
+    long_packed = PackedDataset(short_docs, args.long_seq_len).batch(0, 1, seed=0)
+    long_plain = PackedDataset(short_docs, args.long_seq_len, doc_mask=False).batch(0, 1, seed=0)
+    long_docs = int((long_packed.positions == 0).sum())
+    fns = {"long packed": _step_fn(_ak_model(long_config), _ak_loss(long_packed), default, torch.device("cpu")),
+           "long unpacked": _step_fn(_ak_model(long_config), _ak_loss(long_plain), default, torch.device("cpu"))}
+    print(f"long rows: 1 x {args.long_seq_len}, the packed row holds {long_docs} documents (of "
+          f"{len(short_docs)} under {args.long_max_doc} bytes)")
+    return fns, long_docs
+
+
+def _ratios(results: dict, long_seq_len: int) -> dict:
+    def ratio(a, b):
+        return results[a]["tokens_per_s"] / results[b]["tokens_per_s"] if a in results and b in results else None
+
+    return {
+        "attnkit default / reference fp32": ratio("attnkit default", "reference fp32"),
+        "attnkit fp32 / reference fp32 (target >= 1)": ratio("attnkit fp32", "reference fp32"),
+        "attnkit bf16 / reference bf16 (target >= 1)": ratio("attnkit bf16", "reference bf16"),
+        "attnkit packed / attnkit default unpacked (target >= 1)": ratio("attnkit packed", "attnkit default"),
+        "attnkit checkpointing / attnkit default (speed)": ratio("attnkit checkpointing", "attnkit default"),
+        f"long packed / long unpacked at {long_seq_len} (target > 1)": ratio("long packed", "long unpacked"),
+    }
+
+
+def _print_table(results: dict, ratios: dict) -> None:
+    print(f"\n{'contender':26s} {'ms/step':>9s} {'tokens/s':>10s} {'peak MiB':>9s}")
+    for name, r in results.items():
+        mem = f"{r['peak_bytes'] / 2**20:9.0f}" if "peak_bytes" in r else f"{'':9s}"
+        print(f"{name:26s} {r['seconds'] * 1e3:9.1f} {r['tokens_per_s']:10.0f} {mem}")
+    print()
+    for name, value in ratios.items():
+        print(f"{name}: {'n/a' if value is None else f'{value:.2f}x'}")
+
+
 def run(args) -> int:
     device = torch.device("cpu")
     config = lm_config(args.preset, max_seq_len=args.seq_len)
@@ -125,57 +187,23 @@ def run(args) -> int:
     plain = PackedDataset(docs, args.seq_len, doc_mask=False).batch(0, args.batch_size, seed=0)
     n_docs = int((packed.positions == 0).sum())
     tokens = args.batch_size * args.seq_len
-
-    def ak_model(checkpointing=False):
-        torch.manual_seed(0)
-        m = TransformerLM(config)
-        m.gradient_checkpointing = checkpointing
-        return m.train()
-
-    def ref_loss(model):
-        logits = model(plain.inputs)
-        return F.cross_entropy(logits.float().flatten(0, 1), plain.targets.flatten())
-
-    def ak_loss(batch):
-        return lambda model: F.cross_entropy(
-            model(batch.inputs, positions=batch.positions, doc_ids=batch.doc_ids).float().flatten(0, 1),
-            batch.targets.flatten())
-
-    probe = ak_model()
+    probe = _ak_model(config)
     default, evidence = choose_precision(lambda p: lm_loss(probe, plain, p, device).backward(), device)
     measured = evidence.get("median_s", {})  # {"fp32": s, "bf16": s} when bf16 runs here, else {}
-    def ref_model():
-        torch.manual_seed(0)
-        return RefGPT(config.vocab_size, config.dim, config.n_layers, config.n_heads, args.seq_len).train()
-
-    fns = {
-        "reference fp32": _step_fn(ref_model(), ref_loss, "fp32", device),
-        "attnkit fp32": _step_fn(ak_model(), ak_loss(plain), "fp32", device),
-    }
+    fns = {"reference fp32": _step_fn(_ref_model(config, args.seq_len), _ref_loss(plain), "fp32", device),
+           "attnkit fp32": _step_fn(_ak_model(config), _ak_loss(plain), "fp32", device)}
     if "bf16" in measured:
-        fns["reference bf16"] = _step_fn(ref_model(), ref_loss, "bf16", device)
-        fns["attnkit bf16"] = _step_fn(ak_model(), ak_loss(plain), "bf16", device)
-    fns["attnkit packed"] = _step_fn(ak_model(), ak_loss(packed), default, device)
-    fns["attnkit checkpointing"] = _step_fn(ak_model(True), ak_loss(plain), default, device)
-    print(f"{args.preset}: {ak_model().num_parameters() / 1e6:.1f} M parameters, batch {args.batch_size} x "
+        fns["reference bf16"] = _step_fn(_ref_model(config, args.seq_len), _ref_loss(plain), "bf16", device)
+        fns["attnkit bf16"] = _step_fn(_ak_model(config), _ak_loss(plain), "bf16", device)
+    fns["attnkit packed"] = _step_fn(_ak_model(config), _ak_loss(packed), default, device)
+    fns["attnkit checkpointing"] = _step_fn(_ak_model(config, True), _ak_loss(plain), default, device)
+    print(f"{args.preset}: {_ak_model(config).num_parameters() / 1e6:.1f} M parameters, batch {args.batch_size} x "
           f"{args.seq_len}, packed rows hold {n_docs} documents ({n_docs / args.batch_size:.1f} per row); default "
-          f"precision here: {default} "
-          f"({evidence['summary']})")
+          f"precision here: {default} ({evidence['summary']})")
+    long_docs = None
     if args.long_seq_len:
-        long_config = config.replace(max_seq_len=args.long_seq_len)
-        short_docs = [d for d in load_documents(None) if len(d[1]) < args.long_max_doc]
-        long_packed = PackedDataset(short_docs, args.long_seq_len).batch(0, 1, seed=0)
-        long_plain = PackedDataset(short_docs, args.long_seq_len, doc_mask=False).batch(0, 1, seed=0)
-        long_docs = int((long_packed.positions == 0).sum())
-
-        def long_model():
-            torch.manual_seed(0)
-            return TransformerLM(long_config).train()
-
-        fns["long packed"] = _step_fn(long_model(), ak_loss(long_packed), default, device)
-        fns["long unpacked"] = _step_fn(long_model(), ak_loss(long_plain), default, device)
-        print(f"long rows: 1 x {args.long_seq_len}, the packed row holds {long_docs} documents (of "
-              f"{len(short_docs)} under {args.long_max_doc} bytes)")
+        long_fns, long_docs = _long_contenders(args, config, default)
+        fns.update(long_fns)
     times = round_robin(fns, args.repeats, warmup=1, device=device)
     times["attnkit default"] = times[f"attnkit {default}"]
     results = {name: {"seconds": t, "tokens_per_s": (args.long_seq_len if name.startswith("long") else tokens) / t}
@@ -184,32 +212,14 @@ def run(args) -> int:
         for name in ("reference fp32", "attnkit fp32", "reference bf16", "attnkit bf16", "attnkit checkpointing"):
             if name in fns:
                 results[name]["peak_bytes"] = peak_memory_bytes(fns[name])
-
-    def ratio(a, b):
-        return results[a]["tokens_per_s"] / results[b]["tokens_per_s"] if a in results and b in results else None
-
-    ratios = {
-        "attnkit default / reference fp32": ratio("attnkit default", "reference fp32"),
-        "attnkit fp32 / reference fp32 (target >= 1)": ratio("attnkit fp32", "reference fp32"),
-        "attnkit bf16 / reference bf16 (target >= 1)": ratio("attnkit bf16", "reference bf16"),
-        "attnkit packed / attnkit default unpacked (target >= 1)": ratio("attnkit packed", "attnkit default"),
-        "attnkit checkpointing / attnkit default (speed)": ratio("attnkit checkpointing", "attnkit default"),
-        f"long packed / long unpacked at {args.long_seq_len} (target > 1)": ratio("long packed", "long unpacked"),
-    }
-    print(f"\n{'contender':26s} {'ms/step':>9s} {'tokens/s':>10s} {'peak MiB':>9s}")
-    for name, r in results.items():
-        mem = f"{r['peak_bytes'] / 2**20:9.0f}" if "peak_bytes" in r else f"{'':9s}"
-        print(f"{name:26s} {r['seconds'] * 1e3:9.1f} {r['tokens_per_s']:10.0f} {mem}")
-    print()
-    for name, value in ratios.items():
-        print(f"{name}: {'n/a' if value is None else f'{value:.2f}x'}")
+    ratios = _ratios(results, args.long_seq_len)
+    _print_table(results, ratios)
     path = write_results("train", {
         "preset": args.preset, "batch_size": args.batch_size, "seq_len": args.seq_len, "repeats": args.repeats,
         "default_precision": default, "precision_probe_seconds": measured, "precision_evidence": evidence,
         "results": results, "ratios": ratios,
         "packed_documents": n_docs, "long": {"seq_len": args.long_seq_len, "batch_size": 1,
-                                             "max_doc_bytes": args.long_max_doc,
-                                             "packed_documents": long_docs if args.long_seq_len else None},
+                                             "max_doc_bytes": args.long_max_doc, "packed_documents": long_docs},
         "note": "medians of round-robin rounds on a shared machine (other engineers' jobs ran at the same time); "
                 "read the ratios. Peak memory = tensor allocations recorded by the profiler during one step.",
     }, args.out)

@@ -170,8 +170,9 @@ class CacheBase:
         n = k.shape[2]
         if n == 0:
             raise AttnkitValueError("update got Lnew=0 new tokens; call the cache with at least one token.")
-        positions = position_ids(positions, length=n, batch=self.batch_size, device=self.device, owner="cache",
-                                 two_dims=True, note=f" for k {tuple(k.shape)}")  # (B|1, Lnew) int64
+        if not _ready(positions, n, self.batch_size, self.device):  # the one check, when not already in its form
+            positions = position_ids(positions, length=n, batch=self.batch_size, device=self.device, owner="cache",
+                                     two_dims=True, note=f" for k {tuple(k.shape)}")  # (B|1, Lnew) int64
         if torch.compiler.is_compiling():
             return positions  # value checks need a host sync; eager calls check them
         if self._next is None:
@@ -208,6 +209,13 @@ class CacheBase:
                 f"head_dim={self.head_dim}, length={self.length})")
 
 
+
+
+def _ready(positions: object, n: int, batch: int, device: torch.device) -> bool:
+    """Whether ``positions`` already is what :func:`~attnkit._checks.position_ids` returns for an update of ``n``
+    tokens (int64 ``(1|B, n)`` on the cache's device), so its conversion can be skipped."""
+    return isinstance(positions, torch.Tensor) and positions.dtype == torch.long and positions.dim() == 2 and \
+        positions.shape[1] == n and positions.shape[0] in (1, batch) and positions.device == device
 
 
 def _rows(positions: torch.Tensor, limit: int = 3) -> str:

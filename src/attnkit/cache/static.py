@@ -4,9 +4,11 @@
 ``(B, Hkv, max_length, D)`` and positions ``(B, max_length)``, where empty slots sit at
 :data:`~attnkit.cache.base.EMPTY_POSITION` (later than any query), so the causal mask hides them. Fixed
 shapes are what ``torch.compile`` (and CUDA graphs) want: one compiled graph serves every decode step (the write
-cursor is a tensor, so no Python int changes between steps). Writing more than ``max_length`` tokens raises
-:class:`~attnkit.cache.base.CacheFullError` in eager mode; inside ``torch.compile`` the value checks (full,
-positions continuing) are skipped, as they need a host sync, and an overflowing write fails in ``index_copy_``.
+cursor is a tensor, so no Python int changes between steps); eager updates also keep its value on the host,
+so an eager step does not read the cursor back (the positions check still compares on the device). Writing
+more than ``max_length`` tokens raises :class:`~attnkit.cache.base.CacheFullError` in eager mode; inside
+``torch.compile`` the value checks (full, positions continuing) are skipped, as they need a host sync, and an
+overflowing write fails in ``index_copy_``.
 
 Shape legend: B batch, Hkv key/value heads, Lnew new tokens, M max_length, D head dim.
 """
@@ -32,6 +34,7 @@ class StaticCache(CacheBase):
         self.max_length = positive_int(max_length, "max_length")
         self._allocate(self.max_length, EMPTY_POSITION)
         self._cursor = torch.zeros((), dtype=torch.long, device=self.device)  # next free slot
+        self._host_length: int | None = 0  # the cursor as a Python int, kept by eager updates (None: read it)
 
     def check_mask(self, mask: object) -> None:
         super().check_mask(mask)
@@ -44,10 +47,16 @@ class StaticCache(CacheBase):
 
     @property
     def length(self) -> int:
-        return int(self._cursor)
+        """Tokens stored; read from the device only after compiled steps (an eager decode step needs no sync)."""
+        if self._host_length is None:
+            self._host_length = int(self._cursor)
+        return self._host_length
 
     def _advance(self, n: int) -> None:
         self._cursor += n
+        # a compiled step advances the cursor inside the graph: forget the host copy, read it back when asked
+        compiling = torch.compiler.is_compiling()
+        self._host_length = None if compiling or self._host_length is None else self._host_length + n
 
     def _store(self, k, v, positions):
         n = k.shape[2]
@@ -65,6 +74,7 @@ class StaticCache(CacheBase):
     def _reset(self) -> None:
         self.positions.fill_(EMPTY_POSITION)
         self._cursor.zero_()
+        self._host_length = 0
 
     def _buffers(self):
         return [self.k, self.v, self.positions]

@@ -12,13 +12,18 @@ times the word embeddings). A converted run's tokenizer is copied along; a train
 Before anything is written where ``OUT`` is, the folder is saved beside it, loaded back with ``from_pretrained``
 and its logits checked against the attnkit model's with the tolerance rule of ``docs/conventions.md`` (the
 float64 model as the oracle); only then does it take ``OUT``'s place. ``OUT`` must be absent or empty, or with
-``--overwrite`` a Hugging Face folder (it has a ``config.json``); a symbolic link is never written through.
+``--overwrite`` an earlier export (:func:`not_an_export`: a transformers ``config.json``, weights, and only the files
+``save_pretrained`` writes): a run folder or a folder holding anything else is refused, nothing unknown is deleted,
+and a symbolic link is never written through.
 
 Shape legend: B batch (1), L probe length, V vocabulary, E hidden size.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -44,6 +49,36 @@ def run(args) -> int:
     return 0
 
 
+#: the files ``save_pretrained`` writes for a model and its tokenizer: a folder holding only these (and a
+#: config.json of a transformers model, and weights) is an earlier export; anything else is the user's
+EXPORT_FILES = frozenset({
+    "config.json", "generation_config.json", "model.safetensors", "model.safetensors.index.json",
+    "pytorch_model.bin", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json",
+    "vocab.txt", "merges.txt", "tokenizer.model", "added_tokens.json", "chat_template.jinja", "chat_template.json"})
+SHARD = re.compile(r"^model-\d{5}-of-\d{5}\.safetensors$")
+WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
+def not_an_export(folder: Path) -> str | None:
+    """Why ``folder`` is not an earlier export (None when it is one). Recognised positively: a transformers
+    ``config.json`` (a ``model_type``, no attnkit ``run_id``), weights, and nothing but regular files that
+    ``save_pretrained`` writes: a run (``checkpoints/``, ``metrics.jsonl``, its lock) or any other file is not."""
+    from attnkit._files import foreign_entries
+
+    unknown = foreign_entries(folder, lambda name: name in EXPORT_FILES or bool(SHARD.match(name)))
+    if unknown:
+        return f"it holds {unknown[:5]}, which an export does not write"
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        return f"its config.json can't be read as JSON ({exc})"
+    if not isinstance(config, dict) or "model_type" not in config or "run_id" in config:
+        return "its config.json is not a transformers model config (no model_type, or an attnkit run's run_id)"
+    if not any((folder / name).is_file() for name in WEIGHTS):
+        return f"it has no weights ({' or '.join(WEIGHTS)})"
+    return None
+
+
 def check_out(out: str | Path, overwrite: bool) -> Path:
     """``out`` as a Path, or a typed error when it may not be written (before anything heavy is imported)."""
     out = Path(out)
@@ -56,9 +91,11 @@ def check_out(out: str | Path, overwrite: bool) -> Path:
         if not overwrite:
             raise AttnkitValueError(f"--hf {str(out)!r} is not empty; pass --overwrite to replace an "
                                     "earlier export, or pick another folder.")
-        if not (out / "config.json").is_file():
-            raise AttnkitValueError(f"--hf {str(out)!r} holds files but no config.json, so it is not a "
-                                    "Hugging Face folder; --overwrite replaces only those: pick another folder.")
+        why = not_an_export(out)
+        if why is not None:
+            raise AttnkitValueError(f"--hf {str(out)!r} is not an earlier export: {why}; --overwrite replaces only "
+                                    "a folder `attnkit export` wrote and deletes nothing else: pick another folder, "
+                                    "or move those files away.")
     return out
 
 
@@ -90,20 +127,29 @@ def pick_family(model, state: dict, family: str | None) -> str:
 def export_run(run_path: str | Path, out: str | Path, *, family: str | None = None,
                overwrite: bool = False) -> tuple[Path, str, float]:
     """Write the run at ``run_path`` as a Hugging Face folder ``out``; returns ``(out, family, max |logit diff|)``."""
-    from attnkit.runs.read import is_checkpoint_or_run
+    from attnkit.runs import locate
 
-    if not Path(run_path).exists() or not is_checkpoint_or_run(run_path):
-        raise AttnkitValueError(f"RUN {str(run_path)!r} is not a run or checkpoint folder; pass a "
-                                "folder `attnkit train --run-dir` or `attnkit convert --out` wrote.")
+    try:
+        where = locate(str(run_path))  # the one reading of a target string (runs/source.py)
+    except AttnkitValueError:
+        where = None
+    if where is None or where.kind not in ("run", "checkpoint"):
+        kind = "nothing attnkit opens" if where is None else f"a {where.kind} target"
+        raise AttnkitValueError(f"RUN {str(run_path)!r} is not a run or checkpoint folder ({kind}); pass a "
+                                "folder `attnkit train --run-dir` or `attnkit convert --out` wrote (a Hugging Face "
+                                "model is one already: `attnkit convert` it first to export it as another family).")
     out = check_out(out, overwrite)
     from attnkit.integrations.hf.convert import to_hf
-    from attnkit.runs import load_model, read_state, resolve, run_tokenizer
+    from attnkit.runs import open_source, read_state, resolve, run_tokenizer
 
-    model = load_model(run_path)
-    family = pick_family(model, read_state(resolve(run_path)), family)
+    model = open_source(where).model
+    family = pick_family(model, read_state(resolve(where.path)), family)
     hf = to_hf(model, family)
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}.export-", dir=out.parent))
+    umask = os.umask(0)
+    os.umask(umask)
+    staging.chmod(0o777 & ~umask)  # mkdtemp makes it 0700; the export is a normal folder
     try:
         hf.save_pretrained(staging)
         tokenizer = run_tokenizer(run_path)

@@ -6,7 +6,8 @@
 
 Targets are those of ``attnkit doctor``. The objective is the next-token loss for causal LMs and
 ``1 - cos`` of the mean-pooled sentence embedding for encoders (``ak.diagnostics.importance``); the command
-prints the ranking and, with ``--out``, draws the layers x heads heatmap.
+prints the ranking and, with ``--out``, draws the layers x heads heatmap (never over a file attnkit did not
+write unless ``--overwrite``, never through a symbolic link: the rules of ``attnkit._files``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ def add_parser(sub) -> None:
     p.add_argument("--ablation", choices=["zero", "mean"], default="zero",
                    help="replace a removed head's output by zeros, or by its mean over the text's positions")
     p.add_argument("--out", type=Path, default=None, help="draw the layers x heads heatmap into this .png")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace an existing --out that attnkit did not write (a link is replaced, never followed)")
     p.add_argument("--json", action="store_true", help="print the scores and the ranking as JSON")
     p.add_argument("--top", type=int, default=10, help="print the N most and least important heads (0 = all)")
     p.add_argument("--encoder", action="store_true", help="build the preset as a bidirectional encoder")
@@ -35,14 +38,15 @@ def add_parser(sub) -> None:
 def run(args) -> int:
     import torch
 
+    from attnkit import _files
     from attnkit.diagnostics.importance import head_importance
     from attnkit.diagnostics.report import tokenize
+    from attnkit.diagnostics.viz import PNG
     from attnkit.errors import AttnkitValueError
     from attnkit.runs import open_source
 
-    if args.out is not None and args.out.suffix.lower() != ".png":
-        raise AttnkitValueError(f"--out {str(args.out)!r} does not end in .png; the figure is a PNG: use e.g. "
-                                f"{str(args.out.with_suffix('.png'))!r}.")
+    if args.out is not None:  # the library's rules, before the model loads: a typo costs nothing
+        _files.check_out(args.out, PNG, args.overwrite, option="--out")
     if args.top < 0:
         raise AttnkitValueError(f"--top must be >= 0 (0 prints every head), got {args.top}.")
     torch.manual_seed(args.seed)
@@ -55,7 +59,7 @@ def run(args) -> int:
                                 f"{limit}; shorten the text to at most {limit} tokens.")
     result = head_importance(model, ids, ablation=args.ablation)
     if args.out is not None:
-        result.figure(args.out, name=display_name(source.target))
+        result.figure(args.out, name=display_name(source.target), overwrite=args.overwrite)
     if args.json:
         print(json.dumps({"target": args.target, **result.to_dict(),
                           **({"figure": str(args.out)} if args.out else {})}, indent=1))

@@ -5,7 +5,8 @@
     attnkit lab positions --quick        # CI size (seconds)
     attnkit lab all --quick --out DIR    # every lab, each into DIR/NAME/
 
-Each run writes results.json, summary.md (claim -> measured -> verdict) and PNG plots.
+Each run writes results.json, summary.md (claim -> measured -> verdict) and PNG plots. ``--out`` must be absent,
+empty or an earlier output of the same lab, else it is refused (exit 2) unless ``--overwrite``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ def add_parser(sub) -> None:
     p.add_argument("name", help="a lab name, 'all', or 'list'")
     p.add_argument("--quick", action="store_true", help="CI size: seconds instead of minutes")
     p.add_argument("--out", default=None, help="output folder (default runs/labs/NAME; with 'all', DIR/NAME)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="write into an --out that is not empty and not an earlier output of the lab (nothing deleted)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (default 1)")
     p.set_defaults(run=run)
@@ -25,16 +28,20 @@ def run(args) -> int:
     from pathlib import Path
 
     from attnkit.labs import LABS, get_lab, run_lab
+    from attnkit.labs.report import check_out_folder
 
     if args.name == "list":
         for name, spec in LABS.items():
             print(f"{name:<11} {spec.title}")
         return 0
     names = list(LABS) if args.name == "all" else [get_lab(args.name).name]
-    for name in names:
-        out = None if args.out is None else Path(args.out) / name if args.name == "all" else Path(args.out)
-        payload = run_lab(name, quick=args.quick, out=out, seed=args.seed, threads=args.threads)
-        where = out or Path("runs") / "labs" / name
+    outs = {name: Path("runs") / "labs" / name if args.out is None else
+            Path(args.out) / name if args.name == "all" else Path(args.out) for name in names}
+    for name, out in outs.items():  # every folder before any lab runs: a refusal costs nothing
+        check_out_folder(out, name, args.overwrite)
+    for name, where in outs.items():
+        payload = run_lab(name, quick=args.quick, out=where, seed=args.seed, threads=args.threads,
+                          overwrite=args.overwrite)
         print(f"lab {name} ({payload['size']}, {payload['seconds']:.0f} s) -> {where}/summary.md")
         for v in payload["verdicts"]:
             print(f"  {v['verdict']:<28} {v['claim']}")

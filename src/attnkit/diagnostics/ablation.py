@@ -207,17 +207,30 @@ class ablate(_HeadEditor):  # noqa: N801 - a context manager, like torch.no_grad
         model: the model (any ``nn.Module`` whose attention runs through :func:`attnkit.attention`).
         heads: ``(layer, head)`` pairs; an empty list changes nothing (the outputs are bitwise unchanged).
         mode: ``"zero"``: the head outputs zeros. ``"mean"``: the head outputs, at every position of every
-            sequence, its own mean output over the ``B x Lq`` query rows of that same call, i.e. over every
-            position and every batch item of the input being run (padded query rows included: run unpadded
-            input for a clean mean); the mean of a later layer's head is taken with the earlier ablations in
-            effect. Accumulated in float32 for float16/bfloat16 outputs.
+            sequence, a mean of its own output: without ``means``, over the ``B x Lq`` query rows of that same
+            call, i.e. over every position and every batch item of the input being run (padded query rows
+            included: run unpadded input for a clean mean); the mean of a later layer's head is taken with the
+            earlier ablations in effect. A call with one query row (``B * Lq == 1``: KV-cached decoding of one
+            token) would be its own mean, i.e. not ablated at all: it raises ``NotImplementedError``; pass
+            ``means`` for it. Accumulated in float32 for float16/bfloat16 outputs.
+        means: with ``mode="mean"``, a :class:`record_heads` of a reference input (a full forward): each head
+            outputs its mean over that recording's ``B x Lq`` rows at every call, whatever the call's length, so
+            cached decoding is ablated the same way at every step.
     """
 
-    def __init__(self, model: nn.Module, heads, mode: str = "zero"):
+    def __init__(self, model: nn.Module, heads, mode: str = "zero", means: record_heads | None = None):
         if mode not in MODES:
             raise AttnkitValueError(f"mode={mode!r} is not an ablation; use one of {list(MODES)}.")
+        if means is not None and mode != "mean":
+            raise AttnkitValueError(f"means= is used by mode='mean' only, got mode={mode!r}; drop means or pass "
+                                    "mode='mean'.")
+        if means is not None and not isinstance(means, record_heads):
+            raise AttnkitTypeError(f"means must be a record_heads(...) of a reference input, got {describe(means)}; "
+                                   "run `with record_heads(model) as means: model(reference)` first.")
         super().__init__(model, heads)
-        self.mode = mode
+        if means is not None:
+            _check_recorded(self.heads, means, "means")
+        self.mode, self.means = mode, means
 
     def _apply(self, layer: int, out: torch.Tensor) -> torch.Tensor:
         heads = self.heads.get(layer)
@@ -227,9 +240,29 @@ class ablate(_HeadEditor):  # noqa: N801 - a context manager, like torch.no_grad
         if self.mode == "zero":
             return out.index_fill(1, idx, 0.0)
         B, _, Lq, Dv = out.shape
+        source = out if self.means is None else self.means.outputs[layer].to(out.device)  # (B', H, Lq', Dv)
+        if self.means is None and B * Lq == 1:
+            raise BackendUnsupportedError(
+                f"ablate(mode='mean'): layer {layer}'s attention call has B * Lq = {B} * {Lq} = 1 query row, whose "
+                "mean over the call is the row itself, so the head would not be ablated (KV-cached decoding of one "
+                "token); record the means on a reference input and pass them: `with record_heads(model) as means: "
+                "model(reference)`, then ablate(model, heads, mode='mean', means=means), or ablate the full forward.",
+                ["mean ablation of a one-row call"])
+        if source.shape[-1] != Dv:
+            raise AttnkitValueError(f"means: layer {layer}'s recorded output has head dim {source.shape[-1]} but this "
+                                    f"call's is {Dv}; record the means on the same model.")
         acc = torch.promote_types(out.dtype, torch.float32)
-        mean = out.index_select(1, idx).mean(dim=(0, 2), keepdim=True, dtype=acc)  # (1, h, 1, Dv)
+        mean = source.index_select(1, idx).mean(dim=(0, 2), keepdim=True, dtype=acc)  # (1, h, 1, Dv)
         return out.index_copy(1, idx, mean.to(out.dtype).expand(B, len(heads), Lq, Dv))  # (B, h, Lq, Dv)
+
+
+def _check_recorded(heads: dict[int, list[int]], source: record_heads, name: str) -> None:
+    """Refuse a recording that lacks a layer the editor needs."""
+    missing = sorted(set(heads) - set(source.outputs))
+    if missing:
+        raise AttnkitValueError(f"{name} holds no output for layer(s) {missing} (it recorded layers "
+                                f"{sorted(source.outputs)}); record a full forward of the model on the "
+                                f"{'source' if name == 'source' else 'reference'} input first.")
 
 
 class record_heads(_HeadEditor):  # noqa: N801
@@ -258,11 +291,7 @@ class patch(_HeadEditor):  # noqa: N801
             raise AttnkitTypeError(f"source must be a record_heads(...) of another input, got {describe(source)}; "
                                    "run `with record_heads(model) as source: model(input_a)` first.")
         super().__init__(model, heads)
-        missing = sorted(set(self.heads) - set(source.outputs))
-        if missing:
-            raise AttnkitValueError(f"source holds no output for layer(s) {missing} (it recorded layers "
-                                    f"{sorted(source.outputs)}); record a full forward of the model on the source "
-                                    "input first.")
+        _check_recorded(self.heads, source, "source")
         self.source = source
 
     def _apply(self, layer: int, out: torch.Tensor) -> torch.Tensor:

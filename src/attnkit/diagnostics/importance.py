@@ -162,11 +162,17 @@ class HeadImportance:
                 "baseline": self.baseline, "tokens": self.length, "scores": self.scores.tolist(),
                 "ranking": [{"layer": lh[0], "head": lh[1], "score": s} for lh, s in self.ranking()]}
 
-    def figure(self, path: str | Path | None = None, *, name: str | None = None, title: str | None = None):
+    def figure(self, path: str | Path | None = None, *, name: str | None = None, title: str | None = None,
+               overwrite: bool = False):
         """A layers x heads heatmap of the scores with labelled axes and a colour bar; saved as PNG when ``path``
-        is given; ``name`` (the model) heads the default title. Returns the figure."""
-        from attnkit.diagnostics.viz import _plt
+        is given (by :func:`attnkit.diagnostics.viz.save_png`'s rules: a ``.png``, never through a link, never over
+        a file attnkit did not write unless ``overwrite``, atomic); ``name`` (the model) heads the default title.
+        Returns the figure."""
+        from attnkit import _files
+        from attnkit.diagnostics.viz import PNG, _plt, save_png
 
+        if path is not None:
+            _files.check_out(path, PNG, overwrite, option="path")  # before drawing: a typo costs nothing
         plt = _plt()
         n_layers, n_heads = self.scores.shape
         fig, ax = plt.subplots(figsize=(max(5.5, 2.2 + 0.55 * n_heads), max(3.4, 1.8 + 0.42 * n_layers)),
@@ -191,8 +197,10 @@ class HeadImportance:
                    f"{self.length} tokens\nobjective {self.objective}: {self.description} (intact: {self.baseline:.4g})")
         ax.set_title(title or default, fontsize=8)
         if path is not None:
-            fig.savefig(path, dpi=120)
-            plt.close(fig)
+            try:
+                save_png(fig, path, overwrite=overwrite, dpi=120)
+            finally:
+                plt.close(fig)
         return fig
 
 

@@ -18,12 +18,25 @@ from pathlib import Path
 
 import torch
 
+from attnkit import _files
 from attnkit.errors import AttnkitValueError, describe
 
 CMAP_COLOURS = ["#ffffff", "#edf8b1", "#7fcdbb", "#2c7fb8", "#081d58"]  # the report's colour scale
 CMAP_STOPS = [0.0, 0.12, 0.4, 0.7, 1.0]
 FORBIDDEN = "#bdbdbd"
 VERDICT_COLOURS = {"healthy": "#1e8449", "uniform": "#d68910", "collapsed": "#c0392b", "empty": "#888888"}
+
+
+#: a PNG figure attnkit writes: matplotlib's ``Software`` text chunk says attnkit, so an earlier one is recognised
+PNG = _files.OutputKind("figure", (".png",), "a PNG image", b"Software\x00attnkit")
+
+
+def save_png(fig, path: str | Path, *, overwrite: bool = False, dpi: int = 100, option: str = "path") -> Path:
+    """Save ``fig`` as a PNG at ``path`` by the rules of :mod:`attnkit._files`: a ``.png`` name, never through a
+    link, never over a file attnkit did not write unless ``overwrite``, atomically."""
+    path = _files.check_out(path, PNG, overwrite, option=option)
+    return _files.write_atomic(path, lambda f: fig.savefig(f, format="png", dpi=dpi,
+                                                           metadata={"Software": "attnkit"}), PNG)
 
 
 def _plt():
@@ -122,9 +135,9 @@ def mask_picture(allowed: torch.Tensor, *, labels=None, title: str = "mask", ax=
 
 
 def head_grid(layers: list[torch.Tensor], *, names: list[str] | None = None, verdicts: list[list[str]] | None = None,
-              path: str | Path | None = None):
+              path: str | Path | None = None, overwrite: bool = False):
     """A layers x heads grid of thumbnails from one ``(H, L, L)`` tensor per layer; a border colour per verdict.
-    Returns the figure (saved to ``path`` when given)."""
+    Returns the figure (saved to ``path`` when given, by :func:`save_png`'s rules)."""
     plt = _plt()
     if not layers:
         raise AttnkitValueError("head_grid needs at least one layer of weights (H, L, L).")
@@ -151,13 +164,15 @@ def head_grid(layers: list[torch.Tensor], *, names: list[str] | None = None, ver
     fig.suptitle("attention per head (colour: sqrt p; border: verdict)", fontsize=9)
     fig.tight_layout()
     if path is not None:
-        fig.savefig(path, dpi=100)
+        save_png(fig, path, overwrite=overwrite)
     return fig
 
 
-def metric_bars(table: list[dict], metric: str = "entropy", *, path: str | Path | None = None, ax=None):
+def metric_bars(table: list[dict], metric: str = "entropy", *, path: str | Path | None = None, ax=None,
+                overwrite: bool = False):
     """One bar per head (grouped by layer) of ``metric`` from report rows (``layer``, ``head``, ``verdict`` and the
-    metric), coloured by verdict. Returns the axes (the figure saved to ``path`` when given)."""
+    metric), coloured by verdict. Returns the axes (the figure saved to ``path`` when given, by :func:`save_png`'s
+    rules)."""
     import matplotlib.patches as mpatches
 
     plt = _plt()
@@ -186,13 +201,15 @@ def metric_bars(table: list[dict], metric: str = "entropy", *, path: str | Path 
     ax.legend(handles=[mpatches.Patch(color=VERDICT_COLOURS.get(v, "#888"), label=v) for v in present], fontsize=8)
     if path is not None:
         ax.figure.tight_layout()
-        ax.figure.savefig(path, dpi=100)
+        save_png(ax.figure, path, overwrite=overwrite)
     return ax
 
 
-def save_heatmaps(cap, folder: str | Path, *, batch_index: int = 0, max_heads: int = 16, labels=None) -> list[Path]:
+def save_heatmaps(cap, folder: str | Path, *, batch_index: int = 0, max_heads: int = 16, labels=None,
+                  overwrite: bool = False) -> list[Path]:
     """Write the last record of each layer of ``cap`` (a :class:`capture`) as ``{folder}/{layer}.png``: one
-    labelled heatmap per head with the mask drawn and a colour bar. ``folder`` is created if missing."""
+    labelled heatmap per head with the mask drawn and a colour bar. ``folder`` is created if missing; each file
+    follows :func:`save_png`'s rules (an existing PNG attnkit did not write is refused unless ``overwrite``)."""
     plt = _plt()
     layers = cap.by_layer()
     if not layers:
@@ -220,17 +237,18 @@ def save_heatmaps(cap, folder: str | Path, *, batch_index: int = 0, max_heads: i
                     title=f"head {head}", ax=ax)
         fig.suptitle(layer or "<module>", fontsize=10)
         fig.tight_layout()
-        path = folder / f"{layer or 'module'}.png"
-        fig.savefig(path, dpi=80)
-        plt.close(fig)
-        paths.append(path)
+        try:
+            paths.append(save_png(fig, folder / f"{layer or 'module'}.png", overwrite=overwrite, dpi=80))
+        finally:
+            plt.close(fig)
     return paths
 
 
 def save_figures(model, tokens, out_dir: str | Path, *, labels=None, tokenizer=None, layer: int = 0, head: int = 0,
-                 metric: str = "entropy") -> dict[str, Path]:
+                 metric: str = "entropy", overwrite: bool = False) -> dict[str, Path]:
     """The static figures of one input: ``heatmap.png`` (layer/head), ``grid.png``, ``mask.png`` and
-    ``{metric}.png``, under ``out_dir``. Returns ``{figure: path}``."""
+    ``{metric}.png``, under ``out_dir``, each by :func:`save_png`'s rules (an existing PNG attnkit did not write is
+    refused unless ``overwrite``). Returns ``{figure: path}``."""
     from attnkit.diagnostics.report import _as_tokens
     from attnkit.diagnostics.report.collect import collect
     from attnkit.diagnostics.report.page import metrics_table
@@ -242,26 +260,28 @@ def save_figures(model, tokens, out_dir: str | Path, *, labels=None, tokenizer=N
         raise AttnkitValueError(f"layer={layer}, head={head} is outside the model's {len(data.layers)} layers x "
                                 f"{data.layers[0].num_heads} heads; pick indices from 0.")
     out = Path(out_dir)
+    for name in ("heatmap", "grid", "mask", metric):  # every name before any figure is drawn
+        _files.check_out(out / f"{name}.png", PNG, overwrite, option="out_dir")
     out.mkdir(parents=True, exist_ok=True)
     chosen = data.layers[layer]
     allowed = None if chosen.allowed is None else chosen.allowed[min(head, chosen.allowed.shape[0] - 1)]
     paths = {}
     ax = heatmap(chosen.weights[head], labels=labels, allowed=allowed, title=f"layer {layer} ({chosen.name}), head {head}")
     ax.figure.tight_layout()
-    ax.figure.savefig(out / "heatmap.png", dpi=100)
+    save_png(ax.figure, out / "heatmap.png", overwrite=overwrite)
     plt.close(ax.figure)
     paths["heatmap"] = out / "heatmap.png"
     fig = head_grid([x.weights for x in data.layers], names=[x.name for x in data.layers],
-                    verdicts=[x.verdicts for x in data.layers], path=out / "grid.png")
+                    verdicts=[x.verdicts for x in data.layers], path=out / "grid.png", overwrite=overwrite)
     plt.close(fig)
     paths["grid"] = out / "grid.png"
     if allowed is not None:
         ax = mask_picture(allowed, labels=labels, title=f"mask of {chosen.name}")
         ax.figure.tight_layout()
-        ax.figure.savefig(out / "mask.png", dpi=100)
+        save_png(ax.figure, out / "mask.png", overwrite=overwrite)
         plt.close(ax.figure)
         paths["mask"] = out / "mask.png"
-    ax = metric_bars(metrics_table(data), metric, path=out / f"{metric}.png")
+    ax = metric_bars(metrics_table(data), metric, path=out / f"{metric}.png", overwrite=overwrite)
     plt.close(ax.figure)
     paths[metric] = out / f"{metric}.png"
     return paths

@@ -157,16 +157,7 @@ class _Ring(torch.autograd.Function):
         for t in range(max(plan.hops) + 1):
             s, nxt = (r - t) % W, (r - t - 1) % W  # shard held now, shard arriving for step t + 1
             # 1. prefetch the next shard; its accumulator follows once the sender has added to it
-            arriving = arriving_acc = None
-            kv_sends, kv_recvs = [], []
-            if current is not None and t + 1 <= plan.hops[s]:
-                kv_sends.append(Send((r + 1) % W, current, KV, "kv"))
-            if t + 1 <= plan.hops[nxt]:
-                arriving = k.new_empty(run.shard_shape(k, nxt, width))
-                kv_recvs.append(Recv((r - 1) % W, arriving, KV))
-                if t >= 1:  # the owner keeps its own part: accumulators start at the shard's first visitor
-                    arriving_acc = out.new_empty(run.shard_shape(k, nxt, width))
-            kv_pending = comm.start(kv_sends, kv_recvs, "backward")
+            arriving, arriving_acc, kv_pending = _prefetch(run, current, t, s, nxt, k, out, width)
             # 2. this rank's contribution to shard s, added to what the shard's earlier holders sent
             sends, recvs = [], []
             if current is not None:
@@ -203,6 +194,24 @@ class _Ring(torch.autograd.Function):
             pending.wait()
         dk, dv = _unpack(mine, run.d)
         return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None
+
+
+def _prefetch(run, current, t: int, s: int, nxt: int, k: torch.Tensor, out: torch.Tensor, width: int):
+    """Step ``t`` of the backward ring's first half: pass the held shard ``s`` (``current``, ``(B, Hkv, L_s, D + Dv)``)
+    on and receive shard ``nxt`` with, after the first step, a buffer for its dK/dV accumulator. Returns
+    ``(arriving, arriving_acc, pending)``: the buffers (None when nothing arrives) and the started exchange."""
+    plan = run.plan
+    W, r = plan.world, plan.rank
+    arriving = arriving_acc = None
+    kv_sends, kv_recvs = [], []
+    if current is not None and t + 1 <= plan.hops[s]:
+        kv_sends.append(Send((r + 1) % W, current, KV, "kv"))
+    if t + 1 <= plan.hops[nxt]:
+        arriving = k.new_empty(run.shard_shape(k, nxt, width))  # (B, Hkv, L_nxt, D + Dv)
+        kv_recvs.append(Recv((r - 1) % W, arriving, KV))
+        if t >= 1:  # the owner keeps its own part: accumulators start at the shard's first visitor
+            arriving_acc = out.new_empty(run.shard_shape(k, nxt, width))  # (B, Hkv, L_nxt, D + Dv)
+    return arriving, arriving_acc, run.comm.start(kv_sends, kv_recvs, "backward")
 
 
 def _delta(dout: torch.Tensor, out: torch.Tensor, dlse: torch.Tensor | None) -> torch.Tensor:

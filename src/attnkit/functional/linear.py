@@ -133,6 +133,37 @@ def _recurrent(fq, fk, v, state: LinearState, eps: float):
     return out, LinearState(kv, k_sum, state.length + fq.shape[2])
 
 
+def _check_call(q, k, v, *, causal, chunk_size, eps, key_is_real, mode, state, return_state) -> float:
+    """The checks of :func:`linear_attention`'s arguments (typed errors naming each); returns ``eps`` as a float."""
+    check_tensors(q, k, v)
+    if q.shape[2] != k.shape[2]:
+        raise AttnkitValueError(f"linear attention needs q and k of one length, got Lq={q.shape[2]}, Lk={k.shape[2]}; "
+                                "carry earlier tokens in state= instead of longer keys.")
+    eps = check_scalar(eps, "eps", low=0.0, high=float("inf"), low_open=True, fix="use a small positive eps like 1e-6.")
+    positive_int(chunk_size, "chunk_size", "64 is a good default.")
+    if mode not in MODES:
+        raise AttnkitValueError(f"mode must be one of {MODES}, got {mode!r}.")
+    if not causal and (state is not None or return_state):
+        raise AttnkitValueError("state/return_state need causal=True: non-causal linear attention has one global "
+                                "summary, not a running state; pass causal=True or drop state.")
+    B, _, L, _ = q.shape
+    if key_is_real is not None and (not isinstance(key_is_real, torch.Tensor) or key_is_real.dtype != torch.bool
+                                    or tuple(key_is_real.shape) != (B, L)):
+        raise AttnkitTypeError(f"key_is_real must be a bool tensor of shape ({B}, {L}) (True = real token), got "
+                               f"{describe(key_is_real)}.")
+    return eps
+
+
+def _parallel(fq, fk, fv, state: LinearState, eps: float):
+    """The quadratic causal form over the call's L tokens, after ``state``'s earlier tokens."""
+    H, L = fq.shape[1], fq.shape[2]
+    num, den = _read(fq, state)  # contribution of earlier tokens (zero for a fresh state)
+    scores = (fq @ expand_kv(fk, H).transpose(-2, -1)).tril()  # (B, H, L, L)
+    out = (num + scores @ expand_kv(fv, H)) / (den + scores.sum(-1, keepdim=True) + eps)  # (B, H, L, Dv)
+    new = _state_of(fk, fv)
+    return out, LinearState(state.kv + new.kv, state.k_sum + new.k_sum, state.length + L)
+
+
 def linear_attention(q, k, v, *, feature_map: str | Callable = "elu1", causal: bool = True,
                      chunk_size: int = 64, eps: float = 1e-6, key_is_real: torch.Tensor | None = None,
                      mode: str = "auto", state: LinearState | None = None, return_state: bool = False):
@@ -153,24 +184,10 @@ def linear_attention(q, k, v, *, feature_map: str | Callable = "elu1", causal: b
     Returns:
         ``(B, H, L, Dv)`` in q's dtype, or ``(out, LinearState)`` with ``return_state=True``.
     """
-    check_tensors(q, k, v)
-    if q.shape[2] != k.shape[2]:
-        raise AttnkitValueError(f"linear attention needs q and k of one length, got Lq={q.shape[2]}, Lk={k.shape[2]}; "
-                                "carry earlier tokens in state= instead of longer keys.")
-    phi = resolve_feature_map(feature_map)
-    eps = check_scalar(eps, "eps", low=0.0, high=float("inf"), low_open=True, fix="use a small positive eps like 1e-6.")
-    positive_int(chunk_size, "chunk_size", "64 is a good default.")
-    if mode not in MODES:
-        raise AttnkitValueError(f"mode must be one of {MODES}, got {mode!r}.")
-    if not causal and (state is not None or return_state):
-        raise AttnkitValueError("state/return_state need causal=True: non-causal linear attention has one global "
-                                "summary, not a running state; pass causal=True or drop state.")
+    eps = _check_call(q, k, v, causal=causal, chunk_size=chunk_size, eps=eps, key_is_real=key_is_real, mode=mode,
+                      state=state, return_state=return_state)
     B, H, L, _ = q.shape
-    if key_is_real is not None and (not isinstance(key_is_real, torch.Tensor) or key_is_real.dtype != torch.bool
-                                    or tuple(key_is_real.shape) != (B, L)):
-        raise AttnkitTypeError(f"key_is_real must be a bool tensor of shape ({B}, {L}) (True = real token), got "
-                               f"{describe(key_is_real)}.")
-    fq, fk, fv = _features(q, k, v, phi, key_is_real)
+    fq, fk, fv = _features(q, k, v, resolve_feature_map(feature_map), key_is_real)
     if state is None:
         state = LinearState.zeros(B, k.shape[1], k.shape[3], v.shape[3], dtype=fq.dtype, device=q.device)
     elif state.kv.shape != (B, k.shape[1], k.shape[3], v.shape[3]):
@@ -184,11 +201,7 @@ def linear_attention(q, k, v, *, feature_map: str | Callable = "elu1", causal: b
         num, den = _read(fq, summary)
         out, final = num / (den + eps), None
     elif mode == "parallel":
-        num, den = _read(fq, state)  # contribution of earlier tokens (zero for a fresh state)
-        scores = (fq @ expand_kv(fk, H).transpose(-2, -1)).tril()  # (B, H, L, L)
-        out = (num + scores @ expand_kv(fv, H)) / (den + scores.sum(-1, keepdim=True) + eps)
-        new = _state_of(fk, fv)
-        final = LinearState(state.kv + new.kv, state.k_sum + new.k_sum, state.length + L)
+        out, final = _parallel(fq, fk, fv, state, eps)
     elif mode == "chunked":
         out, final = _chunked(fq, fk, fv, state, chunk_size, eps)
     else:

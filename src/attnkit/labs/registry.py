@@ -17,7 +17,7 @@ import torch
 
 from attnkit.errors import AttnkitValueError
 from attnkit.labs.harness import WHO
-from attnkit.labs.report import Claim, Plots, summary_markdown, write_outputs
+from attnkit.labs.report import Claim, Plots, check_out_folder, summary_markdown, write_outputs
 
 
 @dataclass(frozen=True)
@@ -51,8 +51,11 @@ def get_lab(name: str) -> Lab:
 
 
 def run_lab(name: str, *, quick: bool = False, out: str | Path | None = None, seed: int = 0,
-            threads: int = 1) -> dict:
+            threads: int = 1, overwrite: bool = False) -> dict:
     """Run one lab; returns the payload written to ``out/results.json`` (default ``runs/labs/NAME``).
+
+    ``out`` must be absent, empty or an earlier output of this lab unless ``overwrite``
+    (:func:`attnkit.labs.report.check_out_folder`: a user's folder is never written into by accident).
 
     ``threads``: torch CPU threads while it runs (1 by default: tiny models gain nothing from more, and on a
     shared machine more threads spin against each other; the previous setting is restored)."""
@@ -62,7 +65,7 @@ def run_lab(name: str, *, quick: bool = False, out: str | Path | None = None, se
                                 "pass threads=1 (the default) or up to the number of cores.")
     spec = get_lab(name)
     size = "quick" if quick else "default"
-    out = Path(out) if out is not None else Path("runs") / "labs" / name
+    out = check_out_folder(Path(out) if out is not None else Path("runs") / "labs" / name, name, overwrite)
     out.mkdir(parents=True, exist_ok=True)
     params = {**spec.sizes[size], "seed": seed}
     plots = Plots(out)

@@ -8,7 +8,10 @@ all hold -> ``holds``; none -> ``does not hold at this scale``; some -> ``mixed`
 constants in each lab, written before any number is measured; nothing here reads a result to choose a band.
 
 Each run writes ``results.json`` (sizes, measurements, verdicts, seconds), ``summary.md`` (the claim table)
-and the lab's PNG plots into its output folder.
+and the lab's PNG plots into its output folder. :func:`check_out_folder` applies the run-folder rules to that
+folder before anything runs: absent or empty, or an earlier output of the same lab (recognised positively: its
+``results.json`` names the lab and the folder holds nothing but ``results.json``, ``summary.md`` and PNGs);
+anything else is refused unless ``overwrite``, and even then only the lab's own files are replaced.
 """
 
 from __future__ import annotations
@@ -19,6 +22,12 @@ from collections.abc import Callable
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from attnkit._files import foreign_entries
+from attnkit.errors import AttnkitValueError
+
+#: the files a lab writes into its folder (plus its PNG plots)
+OUTPUT_FILES = ("results.json", "summary.md")
 
 HOLDS, FAILS, MIXED = "holds", "does not hold at this scale", "mixed"
 
@@ -116,6 +125,38 @@ def summary_markdown(name: str, title: str, size: str, verdicts: list[dict], not
     if figures:
         lines += ["", *[f"![{f}]({f})" for f in figures]]
     return "\n".join(lines) + "\n"
+
+
+def not_a_lab_output(folder: Path, name: str) -> str | None:
+    """Why the non-empty ``folder`` is not an earlier output of the lab ``name`` (None when it is one)."""
+    unknown = foreign_entries(folder, lambda entry: entry in OUTPUT_FILES or entry.endswith(".png"))
+    if unknown:
+        return f"it holds {unknown[:5]}, which a lab does not write"
+    try:
+        payload = json.loads((folder / "results.json").read_text())
+    except (OSError, ValueError) as exc:
+        return f"it has no readable results.json ({type(exc).__name__})"
+    if not isinstance(payload, dict) or payload.get("lab") != name:
+        found = payload.get("lab") if isinstance(payload, dict) else None
+        return f"its results.json is not lab {name!r}'s (lab: {found!r})"
+    return None
+
+
+def check_out_folder(out: Path, name: str, overwrite: bool = False) -> Path:
+    """``out`` when the lab ``name`` may write there (absent, empty, or its own earlier output), else a typed
+    error naming the folder, what it holds and the fix; ``overwrite`` allows any folder (nothing is deleted: the
+    lab's files are written over, other files stay)."""
+    if out.exists() and not out.is_dir():
+        raise AttnkitValueError(f"out={str(out)!r} is a file; pass a folder (absent, empty, or an earlier output "
+                                f"of lab {name!r}).")
+    if overwrite or not out.is_dir() or not any(out.iterdir()):
+        return out
+    why = not_a_lab_output(out, name)
+    if why is not None:
+        raise AttnkitValueError(f"out={str(out)!r} is not empty and is not an earlier output of lab {name!r}: {why}; "
+                                "pick an empty or new out=, or pass overwrite=True to write the lab's "
+                                "files into it anyway (nothing else there is deleted).")
+    return out
 
 
 def write_outputs(out: Path, payload: dict, summary: str) -> None:

@@ -25,7 +25,7 @@ from attnkit import masks
 from attnkit.errors import AttnkitValueError
 from attnkit.models.config import LMConfig
 from attnkit.nn import LinearAttention, MultiHeadAttention
-from attnkit.nn.mlp import make_mlp
+from attnkit.nn.mlp import active_dropout, make_mlp
 from attnkit.nn.norms import make_norm
 from attnkit.positions import ALiBi, RoPE
 
@@ -53,9 +53,9 @@ class Block(nn.Module):
     def forward(self, x, mask, positions=None, cache=None):
         kwargs = {"positions": positions} if cache is None else {"positions": positions, "cache": cache}
         if self.post_norm:
-            x = self.norm1(x + self.resid_dropout(self.attn(x, mask, **kwargs)))
+            x = self.norm1(x + active_dropout(self.resid_dropout, self.attn(x, mask, **kwargs)))
             return self.norm2(x + self.mlp(x))
-        x = x + self.resid_dropout(self.attn(self.norm1(x), mask, **kwargs))
+        x = x + active_dropout(self.resid_dropout, self.attn(self.norm1(x), mask, **kwargs))
         return x + self.mlp(self.norm2(x))
 
     def extra_repr(self) -> str:

@@ -201,11 +201,15 @@ def _decode(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, sto
     stops = torch.tensor(stop_tokens, dtype=torch.long, device=tokens.device)  # (S,)
     caches = model.new_cache(B, kind=cache, max_length=P + max_new_tokens)
     finished = [False] * B
-    next_pos = positions[:, -1:] + 1  # (B, 1)
+    # every later step's positions and padding, built once: the loop slices views instead of allocating
+    later = positions[:, -1:] + torch.arange(1, max_new_tokens, device=tokens.device)  # (B, N - 1)
+    if key_is_real is not None:
+        key_is_real = torch.cat([key_is_real, key_is_real.new_ones(B, max_new_tokens - 1)], dim=1)  # (B, P + N - 1)
     for step in range(max_new_tokens):
         forward = _compiled_decode_step if compile and step > 0 else _decode_step  # the prefill runs eager
         with torch.inference_mode():
-            logits = forward(model, tokens, positions, caches, key_is_real)  # (B, L, V)
+            seen = None if key_is_real is None else key_is_real[:, :P + step]  # (B, Lk_total): keys so far
+            logits = forward(model, tokens, positions, caches, seen)  # (B, L, V)
             new = sample(logits[:, -1], temperature=temperature, top_k=top_k, top_p=top_p,
                          generator=generator)  # (B,)
             done_now = torch.isin(new, stops) if len(stop_tokens) else None  # (B,)
@@ -217,9 +221,7 @@ def _decode(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, sto
                 finished[row] = done_rows[row]
         if all(finished) or step == max_new_tokens - 1:
             return
-        tokens, positions, next_pos = new[:, None], next_pos, next_pos + 1  # (B, 1) each
-        if key_is_real is not None:
-            key_is_real = torch.cat([key_is_real, key_is_real.new_ones(B, 1)], dim=1)  # (B, Lk_total + 1)
+        tokens, positions = new[:, None], later[:, step:step + 1]  # (B, 1) each
 
 
 def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int = 64, temperature: float = 0.0,

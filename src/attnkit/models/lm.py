@@ -39,6 +39,7 @@ from attnkit.models.blocks import (  # noqa: F401  (re-exported: the names used 
     softmax_attention,
 )
 from attnkit.models.config import POSITIONS, LMConfig  # noqa: F401
+from attnkit.nn.mlp import active_dropout
 from attnkit.nn.norms import make_norm
 from attnkit.positions import Learned, Sinusoidal
 
@@ -138,7 +139,7 @@ class TransformerLM(nn.Module):
                                     "(config.type_vocab_size=0); drop token_types or set type_vocab_size.")
         if hasattr(self, "embed_norm"):
             x = self.embed_norm(x)
-        return self.dropout(x)
+        return active_dropout(self.dropout, x)
 
     def encode(self, tokens: torch.Tensor, *, positions=None, cache=None, key_is_real=None, doc_ids=None,
                token_types=None):

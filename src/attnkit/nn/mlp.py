@@ -26,6 +26,12 @@ ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
 }
 
 
+def active_dropout(dropout: nn.Dropout, x: torch.Tensor) -> torch.Tensor:
+    """``dropout(x)`` in training mode with ``p > 0``; else ``x`` itself, without the module call (an identity
+    dropout costs a module dispatch per layer per decode step)."""
+    return dropout(x) if dropout.training and dropout.p > 0 else x
+
+
 def _activation(name: str) -> Callable[[torch.Tensor], torch.Tensor]:
     if name not in ACTIVATIONS:
         raise AttnkitValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {name!r}.")
@@ -44,7 +50,7 @@ class MLP(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.down(self.act(self.up(x))))
+        return active_dropout(self.dropout, self.down(self.act(self.up(x))))
 
     def extra_repr(self) -> str:
         return f"activation={self.activation!r}"
@@ -62,7 +68,7 @@ class GatedMLP(nn.Module):
         self.dropout = nn.Dropout(dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.dropout(self.down(self.act(self.gate(x)) * self.up(x)))
+        return active_dropout(self.dropout, self.down(self.act(self.gate(x)) * self.up(x)))
 
     def extra_repr(self) -> str:
         return f"activation={self.activation!r}"

@@ -81,6 +81,7 @@ class ALiBi(nn.Module, StructuredBias):
                 self.register_buffer("slopes", slopes.detach().float())
         self.batch = 1 if self.slopes.dim() == 1 else self.slopes.shape[0]
         self.relative = self.batch == 1  # -m_h * |q_pos - kv_pos| depends only on the head and the offset
+        self.causal_linear = self.relative  # -m_h * (q_pos - kv_pos) for kv_pos <= q_pos
 
     def extra_repr(self) -> str:
         return f"num_heads={self.num_heads}" + (f", batch={self.batch}" if self.batch > 1 else "")

@@ -14,31 +14,43 @@ import torch
 
 from attnkit.errors import AttnkitValueError
 from attnkit.runs.folder import RunFolder
+from attnkit.runs.read import is_checkpoint_or_run
+from attnkit.runs.source import HF_TINY, hf_tiny, locate
 from attnkit.runs.tokens import TOKENIZER_DIR, folder_tokenizer
 from attnkit.runs.write import save_checkpoint, writing
 
 
 def convert_folder(path: str | Path, out: str | Path, *, dtype: torch.dtype | None = None, overwrite: bool = False,
                    log=print) -> Path:
-    """Convert the Hugging Face folder ``path`` into the attnkit run folder ``out``; return the checkpoint folder.
-    A ``path`` without ``config.json`` is refused at once, before transformers is imported."""
-    if not (Path(path) / "config.json").is_file():
+    """Convert the Hugging Face model ``path`` into the attnkit run folder ``out``; return the checkpoint folder.
+    ``path`` is a target as every command reads it (:func:`attnkit.runs.locate`): a Hugging Face folder, or
+    ``hf-*-tiny`` (random weights from the caller's torch RNG); an attnkit run, checkpoint or preset is refused.
+    A folder without ``config.json`` is refused at once, before transformers is imported."""
+    if str(path) not in HF_TINY and not (Path(path) / "config.json").is_file() and not is_checkpoint_or_run(path):
         raise AttnkitValueError(f"path={str(path)!r} is not a Hugging Face model folder (" + (
             "it does not exist" if not Path(path).exists() else "no config.json") + "); pass the folder "
-            "from_pretrained loads (config.json and the weights), e.g. one written by save_pretrained.")
+            "from_pretrained loads (config.json and the weights), e.g. one written by save_pretrained, or hf-*-tiny.")
+    where = locate(str(path))
+    if where.kind not in ("hf-folder", "hf-tiny"):
+        raise AttnkitValueError(f"path={str(path)!r} is an attnkit {where.kind}, not a Hugging Face model; convert "
+                                "takes a Hugging Face folder (config.json + weights) or hf-*-tiny (an attnkit run "
+                                "needs no converting: pass it to generate, doctor or export as it is).")
     log(f"convert: loading {path} with transformers")  # progress: each phase says itself (the load takes longest)
     import transformers
 
     from attnkit.integrations.hf.convert import from_hf, source_dropout
     from attnkit.integrations.hf.folders import load_hf
 
-    hf = load_hf(path, **({} if dtype is None else {"dtype": dtype}))
+    dtypes = {} if dtype is None else {"dtype": dtype}
+    hf = hf_tiny(where.name).to(**dtypes) if where.path is None else load_hf(where.path, **dtypes)
     model = from_hf(hf)
     log(f"convert: {hf.config.model_type} -> attnkit, {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M "
         f"parameters; writing {out}")
-    source = {"path": str(Path(path).resolve()), "model_type": hf.config.model_type,
-              "transformers": transformers.__version__, "dropout": source_dropout(hf.config)}
-    tokenizer = folder_tokenizer(path)  # a tokenizer asking for the folder's code is refused before anything
+    source = {"path": where.name if where.path is None else str(where.path.resolve()),
+              "model_type": hf.config.model_type, "transformers": transformers.__version__,
+              "dropout": source_dropout(hf.config)}
+    # a tokenizer asking for the folder's code is refused before anything; hf-*-tiny has none
+    tokenizer = None if where.path is None else folder_tokenizer(where.path)
     if tokenizer is None:
         log(f"note: {path} has no tokenizer files, so the run has none: `attnkit generate` and the report need "
             "token ids; copy the model's tokenizer files into the folder and convert again to keep it")

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from attnkit.cli.main import main
-from conftest import read_page
+from conftest import math_weights, read_page
 
 
 def test_report_on_a_preset(tmp_path, capsys):
@@ -107,7 +107,6 @@ def test_report_compare_shows_an_earlier_checkpoint_of_the_run(tmp_path, capsys)
     from attnkit.diagnostics.report.encode import STEP, decode_head
     from attnkit.models.builders import build_lm
     from attnkit.runs import write as checkpoint
-    from conftest import math_weights
 
     run = tmp_path / "run"
     run.mkdir()

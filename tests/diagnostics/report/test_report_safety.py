@@ -55,7 +55,7 @@ def test_the_library_keeps_a_file_that_is_not_a_report_unless_overwrite(nano, tm
     assert _report(nano, target, overwrite=True).read_text().startswith("<!DOCTYPE html>")
     with pytest.raises(ValueError, match=re.escape("is a folder; give a file name such as")):
         _report(nano, tmp_path)
-    with pytest.raises(TypeError, match="out must be a path to an .html file or None, got"):
+    with pytest.raises(TypeError, match="out must be a path to a .html file, got"):
         _report(nano, 3)
 
 

@@ -137,79 +137,100 @@ def _padding_outcome(results: dict[str, float], tol: float, notes: list[str]) ->
                    {"changes": results, "tol": tol})
 
 
+def _padding_lm(subject, options) -> Outcome:
+    """A token model: real tokens alone vs padded right (and left, with positions that skip the pads)."""
+    n = options.seq_len - 2  # real tokens
+    notes: list[str] = []
+    results: dict[str, float] = {}
+    s = subject.cast(F64)
+    g = gen(options, 4)
+    dev = model_device(s)
+    tokens = tokens_for(s.lm.vocab_size, options.batch, n, g, dev)
+    with torch.no_grad():
+        base = s.lm.per_position(tokens)  # (B, n, E|V)
+    sides = ("right", "left") if s.lm.supports_positions else ("right",)
+    if not s.lm.supports_positions:
+        notes.append("left padding not tested: the model takes no positions")
+    with torch.no_grad():
+        for side in sides:
+            for p in (2, 3):  # amounts of padding, random pad contents each time
+                pads = tokens_for(s.lm.vocab_size, options.batch, p, g, dev)
+                real = torch.ones(options.batch, n, dtype=torch.bool, device=dev)
+                fake = torch.zeros(options.batch, p, dtype=torch.bool, device=dev)
+                if side == "right":
+                    out = s.lm.per_position(torch.cat([tokens, pads], 1),
+                                            key_is_real=torch.cat([real, fake], 1))[:, :n]
+                else:
+                    key_is_real = torch.cat([fake, real], 1)  # (B, p + n)
+                    positions = (key_is_real.long().cumsum(1) - 1).clamp_min(0)  # (B, p + n)
+                    out = s.lm.per_position(torch.cat([pads, tokens], 1), key_is_real=key_is_real,
+                                            positions=positions)[:, p:]
+                results[f"{side} padding x{p}"] = max_diff(out, base)
+    return _padding_outcome(results, tolerance(base), notes)
+
+
+def _padding_seq(subject, options) -> Outcome:
+    """A sequence module: its outputs on the real inputs alone vs padded right and left."""
+    n = options.seq_len - 2  # real tokens
+    notes: list[str] = []
+    results: dict[str, float] = {}
+    s = subject.cast(F64)
+    x = x_inputs(s, options, n)
+    base = s.seq(x, None).detach()
+    with torch.no_grad():
+        for side in ("right", "left"):
+            amounts = (2, 3) if side == "right" or s.seq_positions else (2, 2)
+            for i, p in enumerate(amounts):
+                pads = x_inputs(s, options, p, offset=10 + i)
+                real = torch.ones(options.batch, n, dtype=torch.bool, device=x.device)
+                fake = torch.zeros(options.batch, p, dtype=torch.bool, device=x.device)
+                is_real = torch.cat([real, fake] if side == "right" else [fake, real], 1)  # (B, n + p)
+                mask = is_real[:, None, None, :]  # (B, 1, 1, Lk)
+                xp = torch.cat([x, pads] if side == "right" else [pads, x], 1)
+                if side == "left" and s.seq_positions:
+                    positions = (is_real.long().cumsum(1) - 1).clamp_min(0)
+                    out = s.seq(xp, mask, positions=positions)
+                else:
+                    out = s.seq(xp, mask)
+                out = out[:, :n] if side == "right" else out[:, p:]
+                results[f"{side} padding x{p}" + ("" if i == 0 or p != amounts[0] else " (other contents)")] = \
+                    max_diff(out, base)
+    if not s.seq_positions:
+        notes.append("left padding amount not varied: the module takes no positions")
+    return _padding_outcome(results, tolerance(base), notes)
+
+
+def _padding_fn(subject, options) -> Outcome:
+    """A bare attention function: the real rows alone vs padded keys on either side."""
+    n = options.seq_len - 2  # real tokens
+    notes: list[str] = []
+    results: dict[str, float] = {}
+    q, k, v = fn_inputs(options, L=n)
+    base = subject.fn(q, k, v, None).detach()
+    with torch.no_grad():
+        for side in ("right", "left"):
+            for p in (2, 3):
+                pq, pk, pv = fn_inputs(options, L=p, offset=20 + p)
+                cat = (lambda a, b: torch.cat([a, b], 2)) if side == "right" else (lambda a, b: torch.cat([b, a], 2))
+                real = torch.ones(options.batch, n, dtype=torch.bool)
+                fake = torch.zeros(options.batch, p, dtype=torch.bool)
+                mask = torch.cat([real, fake] if side == "right" else [fake, real], 1)[:, None, None, :]  # (B,1,1,Lk)
+                out = subject.fn(cat(q, pq), cat(k, pk), cat(v, pv), mask)
+                out = out[:, :, :n] if side == "right" else out[:, :, p:]
+                results[f"{side} padding x{p}"] = max_diff(out, base)
+    return _padding_outcome(results, tolerance(base), notes)
+
+
 @check("padding-leak", "padding leak",
        "Mask padded keys in every layer (key_is_real = attention_mask.bool(), combined with the causal mask), "
        "and give left-padded rows positions that start at their first real token.", order=20)
 def padding_leak(subject, options) -> Outcome:
-    n = options.seq_len - 2  # real tokens
-    notes: list[str] = []
-    results: dict[str, float] = {}
     if subject.lm is not None:
-        s = subject.cast(F64)
-        g = gen(options, 4)
-        dev = model_device(s)
-        tokens = tokens_for(s.lm.vocab_size, options.batch, n, g, dev)
-        with torch.no_grad():
-            base = s.lm.per_position(tokens)  # (B, n, E|V)
-        sides = ("right", "left") if s.lm.supports_positions else ("right",)
-        if not s.lm.supports_positions:
-            notes.append("left padding not tested: the model takes no positions")
-        with torch.no_grad():
-            for side in sides:
-                for p in (2, 3):  # amounts of padding, random pad contents each time
-                    pads = tokens_for(s.lm.vocab_size, options.batch, p, g, dev)
-                    real = torch.ones(options.batch, n, dtype=torch.bool, device=dev)
-                    fake = torch.zeros(options.batch, p, dtype=torch.bool, device=dev)
-                    if side == "right":
-                        out = s.lm.per_position(torch.cat([tokens, pads], 1),
-                                                key_is_real=torch.cat([real, fake], 1))[:, :n]
-                    else:
-                        key_is_real = torch.cat([fake, real], 1)  # (B, p + n)
-                        positions = (key_is_real.long().cumsum(1) - 1).clamp_min(0)  # (B, p + n)
-                        out = s.lm.per_position(torch.cat([pads, tokens], 1), key_is_real=key_is_real,
-                                                positions=positions)[:, p:]
-                    results[f"{side} padding x{p}"] = max_diff(out, base)
-        return _padding_outcome(results, tolerance(base), notes)
+        return _padding_lm(subject, options)
     if subject.seq is not None:
-        s = subject.cast(F64)
-        x = x_inputs(s, options, n)
-        base = s.seq(x, None).detach()
-        with torch.no_grad():
-            for side in ("right", "left"):
-                amounts = (2, 3) if side == "right" or s.seq_positions else (2, 2)
-                for i, p in enumerate(amounts):
-                    pads = x_inputs(s, options, p, offset=10 + i)
-                    real = torch.ones(options.batch, n, dtype=torch.bool, device=x.device)
-                    fake = torch.zeros(options.batch, p, dtype=torch.bool, device=x.device)
-                    is_real = torch.cat([real, fake] if side == "right" else [fake, real], 1)  # (B, n + p)
-                    mask = is_real[:, None, None, :]  # (B, 1, 1, Lk)
-                    xp = torch.cat([x, pads] if side == "right" else [pads, x], 1)
-                    if side == "left" and s.seq_positions:
-                        positions = (is_real.long().cumsum(1) - 1).clamp_min(0)
-                        out = s.seq(xp, mask, positions=positions)
-                    else:
-                        out = s.seq(xp, mask)
-                    out = out[:, :n] if side == "right" else out[:, p:]
-                    results[f"{side} padding x{p}" + ("" if i == 0 or p != amounts[0] else " (other contents)")] = \
-                        max_diff(out, base)
-        if not s.seq_positions:
-            notes.append("left padding amount not varied: the module takes no positions")
-        return _padding_outcome(results, tolerance(base), notes)
+        return _padding_seq(subject, options)
     if subject.fn is not None:
-        q, k, v = fn_inputs(options, L=n)
-        base = subject.fn(q, k, v, None).detach()
-        with torch.no_grad():
-            for side in ("right", "left"):
-                for p in (2, 3):
-                    pq, pk, pv = fn_inputs(options, L=p, offset=20 + p)
-                    cat = (lambda a, b: torch.cat([a, b], 2)) if side == "right" else (lambda a, b: torch.cat([b, a], 2))
-                    real = torch.ones(options.batch, n, dtype=torch.bool)
-                    fake = torch.zeros(options.batch, p, dtype=torch.bool)
-                    mask = torch.cat([real, fake] if side == "right" else [fake, real], 1)[:, None, None, :]  # (B,1,1,Lk)
-                    out = subject.fn(cat(q, pq), cat(k, pk), cat(v, pv), mask)
-                    out = out[:, :, :n] if side == "right" else out[:, :, p:]
-                    results[f"{side} padding x{p}"] = max_diff(out, base)
-        return _padding_outcome(results, tolerance(base), notes)
+        return _padding_fn(subject, options)
     raise Skip("needs an attention function, a module or a token model")
 
 

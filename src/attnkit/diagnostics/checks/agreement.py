@@ -1,0 +1,143 @@
+"""Agreement of every backend (attnkit backends, Hugging Face attention implementations, or a bare function) with
+the float64 reference, by the tolerance rule of docs/conventions.md (2x the reference's own float32 error).
+
+Shape legend: B batch, H heads, L length, D head_dim.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnkit.diagnostics.checks.base import FAIL, PASS, Outcome, Skip, check, gen, randn, run_main, sample_inputs
+from attnkit.diagnostics.checks.numerics import _hf_implementations
+from attnkit.diagnostics.subjects import attnkit_attention_modules
+from attnkit.functional.reference import reference_attention
+
+
+def _rule(out: torch.Tensor, ref: torch.Tensor, golden: torch.Tensor, factor: float = 2.0) -> tuple[bool, float, float]:
+    """The tolerance rule of docs/conventions.md: ``|out - golden| <= factor |ref_T - golden| + 4 eps(T) max(1, |golden|)``."""
+    err = float((out.double() - golden).abs().max())
+    ref_err = float((ref.double() - golden).abs().max())
+    floor = 4 * torch.finfo(out.dtype).eps * max(1.0, float(golden.abs().max()))
+    return bool(torch.isfinite(out).all()) and err <= factor * ref_err + floor, err, ref_err
+
+
+def _not_here(name: str, device: torch.device, pinned: list[str]) -> str | None:
+    """Why backend ``name`` is left out of the comparison on ``device`` (None: it is compared). Flex compiles for
+    seconds per shape on CPU; it is compared there only when the model pins it or CPU compiling is allowed,
+    which is when the model would ever run it."""
+    if name != "flex" or device.type != "cpu" or "flex" in pinned:
+        return None
+    from attnkit.backends.flex import cpu_compile_allowed
+
+    if cpu_compile_allowed():
+        return None
+    return ("not compared on CPU: flex compiles for seconds per shape there and the model does not use it (it is "
+            "compared when the model pins backend='flex' or after ak.backends.flex.allow_cpu_compile())")
+
+
+def _set_backends(module, name: str) -> list[str]:
+    mods = [m for _, m in attnkit_attention_modules(module)]
+    old = [m.backend for m in mods]
+    for m in mods:
+        m.backend = name
+    return old
+
+
+def _agree_attnkit(subject, options) -> tuple[dict[str, dict], str]:
+    """Every attnkit backend on the float32 model vs the float64 model on the math backend."""
+    import attnkit
+
+    results: dict[str, dict] = {}
+    s64, s32 = subject.cast(torch.float64), subject.cast(torch.float32)
+    inputs = sample_inputs(s32, options)
+    old64, old32 = _set_backends(s64.module, "math"), _set_backends(s32.module, "math")
+    try:
+        with torch.no_grad():
+            golden = run_main(s64, inputs.double() if inputs.is_floating_point() else inputs).double()
+            ref = run_main(s32, inputs)
+            for name in attnkit.backends.available():
+                if (why := _not_here(name, inputs.device, old32)) is not None:
+                    results[name] = {"served": False, "why": why}
+                    continue
+                _set_backends(s32.module, name)
+                try:
+                    out = run_main(s32, inputs)
+                except NotImplementedError as exc:
+                    results[name] = {"served": False, "why": str(exc)}
+                    continue
+                ok, err, ref_err = _rule(out, ref, golden)
+                results[name] = {"served": True, "ok": ok, "err": err, "ref_err": ref_err}
+    finally:
+        for s, old in ((s64, old64), (s32, old32)):
+            for (_, m), b in zip(attnkit_attention_modules(s.module), old):
+                m.backend = b
+    return results, "model output per attnkit backend vs float64 math"
+
+
+def _agree_hf(subject, options) -> tuple[dict[str, dict], str]:
+    """Every Hugging Face attention implementation vs float64 eager."""
+    results: dict[str, dict] = {}
+    s64, s32 = subject.cast(torch.float64), subject.cast(torch.float32)
+    inputs = sample_inputs(s32, options)
+    originals = [(m, m.config._attn_implementation) for m in (s64.module, s32.module)]  # either may be yours
+    with torch.no_grad():
+        try:
+            s64.module.set_attn_implementation("eager")
+            golden = run_main(s64, inputs).double()
+            s32.module.set_attn_implementation("eager")
+            ref = run_main(s32, inputs)
+            for name in _hf_implementations():
+                s32.module.set_attn_implementation(name)
+                ok, err, ref_err = _rule(run_main(s32, inputs), ref, golden)
+                results[name] = {"served": True, "ok": ok, "err": err, "ref_err": ref_err}
+        finally:
+            for module, original in originals:
+                module.set_attn_implementation(original)
+    return results, "Hugging Face attention implementations vs float64 eager"
+
+
+def _agree_function(subject, options) -> tuple[dict[str, dict], str]:
+    """The bare function in float32 vs the float64 reference, unmasked, causal and padded."""
+    results: dict[str, dict] = {}
+    g = gen(options, 11)
+    B, H, L, D = options.batch, options.heads, options.seq_len, options.head_dim
+    q, k, v = (randn((B, H, L, D), g) for _ in range(3))
+    real = torch.ones(B, L, dtype=torch.bool)
+    real[0, -2:] = False
+    with torch.no_grad():
+        for name, mask in (("no mask", None), ("causal", torch.ones(L, L, dtype=torch.bool).tril()),
+                           ("padding", real[:, None, None, :])):
+            golden = reference_attention(q, k, v, mask)
+            ref = reference_attention(q.float(), k.float(), v.float(), mask)
+            ok, err, ref_err = _rule(subject.fn(q.float(), k.float(), v.float(), mask), ref, golden)
+            results[name] = {"served": True, "ok": ok, "err": err, "ref_err": ref_err}
+    return results, "the function in float32 vs the float64 reference"
+
+
+@check("backend-agreement", "backend agreement",
+       "The result disagrees with the float64 reference beyond 2x the reference's own float32 error: compare the "
+       "implementation term by term with ak.reference_attention; for an attnkit backend, pin backend='math' and "
+       "report the case (ak.explain shows which kernel served it).", order=90)
+def backend_agreement(subject, options) -> Outcome:
+    if subject.uses_attnkit and (subject.seq is not None or subject.lm is not None):
+        results, what = _agree_attnkit(subject, options)
+    elif subject.kind == "huggingface":
+        results, what = _agree_hf(subject, options)
+    elif subject.fn is not None and subject.kind == "function":
+        results, what = _agree_function(subject, options)
+    else:
+        raise Skip("no attnkit backends or attention implementations to compare (and no bare function)")
+    bad = [n for n, r in results.items() if r.get("served") and not r["ok"]]
+    served = {n: r for n, r in results.items() if r.get("served")}
+    text = ", ".join(f"{n} {r['err']:.1e}" for n, r in served.items())
+    ref_err = max(r["ref_err"] for r in served.values())
+    unserved = [n for n, r in results.items() if not r.get("served") and not r["why"].startswith("not compared")]
+    left_out = [n for n, r in results.items() if not r.get("served") and r["why"].startswith("not compared")]
+    extra = f"; {', '.join(unserved)} can't serve it" if unserved else ""
+    extra += "".join(f"; {n} {results[n]['why']}" for n in left_out)
+    if bad:
+        return Outcome(FAIL, f"{', '.join(bad)} outside 2x the reference error ({what}: {text}; float32 reference "
+                       f"{ref_err:.1e}){extra}", results)
+    return Outcome(PASS, f"{what}: {text} (float32 reference {ref_err:.1e}, within 2x){extra}", results)
+
