@@ -19,10 +19,12 @@ from pathlib import Path
 
 WRITE = """
 import sys, warnings, torch, attnkit as ak
-from attnkit.models.builders import build_lm
+from attnkit.models.lm import LMConfig, TransformerLM
 warnings.simplefilter("ignore")
 torch.manual_seed(0)
-model = build_lm("nano", n_layers=4, n_heads=12, dim=96, max_seq_len=4096).eval()
+# the old field names: from_dict reads them on both sides (a baseline from before the LMConfig rename included)
+config = LMConfig.from_dict({"dim": 96, "n_layers": 4, "n_heads": 12, "max_seq_len": 4096})  # rename-lmconfig: skip
+model = TransformerLM(config).eval()
 text = ("The quick brown fox jumps over the lazy dog. " * 100)[:int(sys.argv[1])]
 ak.diagnostics.report(model, text, out=sys.argv[2], doctor=False)
 """

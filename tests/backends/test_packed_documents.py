@@ -47,7 +47,7 @@ def test_lm_packed_rows_with_a_recurring_document_id_follow_the_mask():
     """The logits of a packed row do not depend on which internal path builds its mask: with a padding mask
     (which the old fast path skipped) and without."""
     torch.manual_seed(0)
-    model = TransformerLM(LMConfig(dim=32, n_layers=2, n_heads=2, max_seq_len=16)).eval()
+    model = TransformerLM(LMConfig(embed_dim=32, num_layers=2, num_heads=2, max_seq_len=16)).eval()
     ids = torch.tensor([[0, 0, 0, 1, 1, 0, 0, 0]])  # document 0 comes back after document 1
     pos = torch.tensor([[0, 1, 2, 0, 1, 0, 1, 2]])  # positions restart at every run
     tokens = torch.randint(0, 257, (1, 8))

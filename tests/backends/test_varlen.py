@@ -135,7 +135,7 @@ def test_packed_lm_rows_take_the_documents_path():
     path serves: every layer shares the runs (found once per forward, in the prepared mask)."""
     from attnkit.models.lm import LMConfig, TransformerLM
 
-    model = TransformerLM(LMConfig(dim=32, n_layers=2, n_heads=2, max_seq_len=64))
+    model = TransformerLM(LMConfig(embed_dim=32, num_layers=2, num_heads=2, max_seq_len=64))
     doc = _docs([[20, 30, 14], [64]])
     seen = []
     for block in model.blocks:

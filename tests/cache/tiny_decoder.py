@@ -15,7 +15,7 @@ from attnkit.models.lm import TransformerLM
 
 def tiny_decoder(vocab=53, dim=32, layers=2, heads=4, kv_heads=4, positions="rope", window=None) -> TransformerLM:
     """``positions`` in {"none", "rope", "alibi", "sinusoidal", "learned"}; ``window`` = sliding window."""
-    model = build_lm("nano", vocab_size=vocab, dim=dim, n_layers=layers, n_heads=heads, n_kv_heads=kv_heads,
+    model = build_lm("nano", vocab_size=vocab, embed_dim=dim, num_layers=layers, num_heads=heads, num_kv_heads=kv_heads,
                      positions=positions, window=window, bias=True, mlp="gelu_exact", mlp_ratio=2.0,
                      tie_embeddings=False, max_seq_len=256)
     if positions == "learned":

@@ -136,7 +136,7 @@ class TinyDecoder(TransformerLM):
     """
 
     def __init__(self, vocab: int = 61, dim: int = 32, heads: int = 4, layers: int = 2, bug: str | None = None):
-        super().__init__(lm_config("nano", vocab_size=vocab, dim=dim, n_heads=heads, n_layers=layers,
+        super().__init__(lm_config("nano", vocab_size=vocab, embed_dim=dim, num_heads=heads, num_layers=layers,
                                    positions="learned", max_seq_len=64, bias=True, tie_embeddings=False))
         self.bug = bug
         for block in self.blocks:

@@ -73,7 +73,7 @@ def meaned(heads):
 
 @pytest.fixture
 def lm():
-    return build_lm("nano", n_heads=4, n_kv_heads=2).double().eval()  # 2 layers, GQA: 4 query heads, 2 KV heads
+    return build_lm("nano", num_heads=4, num_kv_heads=2).double().eval()  # 2 layers, GQA: 4 query heads, 2 KV heads
 
 
 @pytest.fixture
@@ -234,8 +234,8 @@ def set_backend(model, name):
 def test_ablation_on_backends_meets_the_oracle_rule(backend, mode):
     """golden: float64 on math; ref: float32 on math; out: float32 on the backend (a forced backend that can't
     serve a call raises, so a refusal fails here)."""
-    model = build_lm("nano", n_heads=4, n_kv_heads=2).eval()
-    m64 = build_lm("nano", n_heads=4, n_kv_heads=2).eval()
+    model = build_lm("nano", num_heads=4, num_kv_heads=2).eval()
+    m64 = build_lm("nano", num_heads=4, num_kv_heads=2).eval()
     m64.load_state_dict(model.state_dict())
     tokens = torch.randint(0, 257, (2, 65))
 
@@ -251,9 +251,9 @@ def test_ablation_on_backends_meets_the_oracle_rule(backend, mode):
 
 
 def test_head_importance_on_two_backends_meets_the_oracle_rule():
-    model = build_lm("nano", n_heads=4).eval()
+    model = build_lm("nano", num_heads=4).eval()
     tokens = torch.randint(0, 257, (1, 24))
-    m64 = build_lm("nano", n_heads=4).eval()
+    m64 = build_lm("nano", num_heads=4).eval()
     m64.load_state_dict(model.state_dict())
     set_backend(m64.double(), "math")
     golden = head_importance(m64, tokens).scores
@@ -545,7 +545,7 @@ def test_mean_ablation_with_recorded_means_ablates_cached_decoding(lm):
 
 def test_mean_ablation_means_errors(lm):
     with record_heads(lm.blocks[0].attn) as partial, torch.no_grad():
-        lm.blocks[0].attn(torch.randn(1, 3, lm.config.dim, dtype=torch.float64))
+        lm.blocks[0].attn(torch.randn(1, 3, lm.config.embed_dim, dtype=torch.float64))
     with pytest.raises(ValueError, match=r"means= is used by mode='mean' only, got mode='zero'"):
         ablate(lm, [(0, 1)], "zero", means=partial)
     with pytest.raises(TypeError, match=r"means must be a record_heads\(...\) of a reference input, got"):

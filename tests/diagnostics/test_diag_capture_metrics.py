@@ -50,7 +50,7 @@ def test_capture_keeps_returned_weights_and_selects_heads_rows():
 
 
 def test_capture_names_layers_and_filters():
-    model = build_lm("nano", n_layers=2).eval()
+    model = build_lm("nano", num_layers=2).eval()
     tokens = torch.randint(0, 257, (1, 7))
     with capture(model, layers=["blocks.1.*"]) as cap:
         model(tokens)
@@ -62,7 +62,7 @@ def test_capture_names_layers_and_filters():
 
 def test_capture_is_off_outside_the_block():
     before = list(_hooks.OBSERVERS)
-    model = build_lm("nano", n_layers=1)
+    model = build_lm("nano", num_layers=1)
     with capture(model) as cap:
         assert len(_hooks.OBSERVERS) == len(before) + 1
     assert before == _hooks.OBSERVERS
@@ -113,7 +113,7 @@ def test_verdict_thresholds():
 
 
 def test_record_metrics_on_captured_model():
-    model = build_lm("nano", n_layers=1).eval()
+    model = build_lm("nano", num_layers=1).eval()
     with capture(model) as cap:
         model(torch.randint(0, 257, (2, 9)))
     m = record_metrics(cap.records[0])
@@ -129,7 +129,7 @@ def _sharpen(model, factor):
 
 def test_monitor_warns_on_collapse_and_logit_growth():
     torch.manual_seed(0)
-    model = build_lm("nano", n_layers=1)
+    model = build_lm("nano", num_layers=1)
     tokens = torch.randint(0, 257, (2, 12))
     seen = []
     monitor = AttentionMonitor(model, tokens, every=2, thresholds=HealthThresholds(growth_window=3),
@@ -154,13 +154,13 @@ def test_monitor_errors():
     with pytest.raises(AttnkitTypeError, match="AttentionMonitor model must be a torch.nn.Module"):
         AttentionMonitor(lambda x: x, None)
     with pytest.raises(AttnkitValueError, match="every must be a positive int"):
-        AttentionMonitor(build_lm("nano", n_layers=1), None, every=0)
+        AttentionMonitor(build_lm("nano", num_layers=1), None, every=0)
 
 
 def test_heatmaps_one_png_per_layer(tmp_path):
     from attnkit.diagnostics.viz import save_heatmaps
 
-    model = build_lm("nano", n_layers=2).eval()
+    model = build_lm("nano", num_layers=2).eval()
     with capture(model) as cap:
         model(torch.randint(0, 257, (1, 10)))
     paths = save_heatmaps(cap, tmp_path / "out" / "attn")  # a folder, created with its parents

@@ -15,7 +15,7 @@ from attnkit.runs import open_source
 
 
 def test_doctor_passes_attnkit_decoder_and_encoder():
-    report = ak.doctor.examine(build_lm("nano", n_kv_heads=1), fresh=True)
+    report = ak.doctor.examine(build_lm("nano", num_kv_heads=1), fresh=True)
     assert report.ok, str(report)
     assert report.counts()["SKIP"] == 1  # only the optional overfit
     enc = ak.doctor.examine(build_encoder("nano", positions="alibi"), fresh=True, skip=["backend-agreement"])
@@ -83,7 +83,7 @@ def test_load_target_checkpoint_and_hf_folder(tmp_path):
     transformers = pytest.importorskip("transformers")
     from attnkit.runs.write import save_checkpoint
 
-    model = build_lm("nano", n_layers=1)
+    model = build_lm("nano", num_layers=1)
     save_checkpoint(tmp_path / "run", 5, model, None, {"model_config": model.config.to_dict()})
     source = open_source(str(tmp_path / "run"))
     loaded, fresh = source.model, source.fresh

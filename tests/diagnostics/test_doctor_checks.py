@@ -115,7 +115,7 @@ def test_causal_leak_also_reads_the_gradient():
 def test_overfit_is_optional_and_learns():
     from attnkit.models.builders import build_lm
 
-    model = build_lm("nano", n_layers=1)
+    model = build_lm("nano", num_layers=1)
     assert ak.doctor.examine(model, checks=["overfit"])["overfit"].status == "SKIP"
     result = ak.doctor.examine(model, checks=["overfit"], overfit=True)["overfit"]
     assert result.status == "PASS", result.evidence

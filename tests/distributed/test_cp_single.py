@@ -227,7 +227,7 @@ def test_a_models_layers_share_one_plan_per_forward(monkeypatch):
     from attnkit.models.builders import build_lm
 
     torch.manual_seed(0)
-    model = build_lm("nano", n_layers=3)
+    model = build_lm("nano", num_layers=3)
     tokens = torch.randint(0, 200, (2, 21))
     expected = model(tokens)
     built = _count_plans(monkeypatch)

@@ -149,7 +149,7 @@ def _trained_run(path):
     from attnkit.models.builders import build_lm
     from attnkit.runs.write import list_checkpoints, save_checkpoint
 
-    model = build_lm("nano", n_layers=1)
+    model = build_lm("nano", num_layers=1)
     for step in (100, 200):
         save_checkpoint(path, step, model, None, {"model_config": model.config.to_dict()})
     return [p.name for p in list_checkpoints(path)]

@@ -74,7 +74,7 @@ def test_converted_model_matches_transformers(name, padding):
 
 def test_converted_configs_carry_the_family_parts():
     cfg = config_from_hf(_model("qwen2")[1].config)
-    assert (cfg.norm, cfg.mlp, cfg.qkv_bias, cfg.bias, cfg.n_kv_heads) == ("rmsnorm", "swiglu", True, False, 2)
+    assert (cfg.norm, cfg.mlp, cfg.qkv_bias, cfg.bias, cfg.num_kv_heads) == ("rmsnorm", "swiglu", True, False, 2)
     assert cfg.window == (None, WINDOW, WINDOW)  # Qwen2: sliding from max_window_layers=1
     assert config_from_hf(_model("mistral")[1].config).window == WINDOW
     bert = config_from_hf(_model("bert")[1].config)

@@ -64,7 +64,7 @@ def test_export_round_trips_the_logits(converted, tmp_path, capsys):
 @pytest.mark.parametrize(("overrides", "family"), [
     ({"norm": "rmsnorm", "mlp": "swiglu"}, "llama"),
     ({"norm": "rmsnorm", "mlp": "swiglu", "window": 4}, "mistral"),
-    ({"norm": "rmsnorm", "mlp": "swiglu", "qkv_bias": True, "n_kv_heads": 1}, "qwen2"),
+    ({"norm": "rmsnorm", "mlp": "swiglu", "qkv_bias": True, "num_kv_heads": 1}, "qwen2"),
     ({"positions": "learned", "bias": True}, "gpt2"),
 ])
 def test_a_trained_run_exports_as_the_family_its_config_fits(tmp_path, overrides, family, capsys):

@@ -14,7 +14,7 @@ from attnkit.nn import LinearAttention, LinearAttentionCache, MultiHeadAttention
 @pytest.mark.parametrize("kinds", [("linear", "linear"), ("softmax", "linear", "softmax")])
 def test_hybrid_decoding_equals_full_forward(kinds):
     torch.manual_seed(0)
-    config = LMConfig(vocab_size=50, dim=32, n_layers=len(kinds), n_heads=4, n_kv_heads=2, positions="sinusoidal",
+    config = LMConfig(vocab_size=50, embed_dim=32, num_layers=len(kinds), num_heads=4, num_kv_heads=2, positions="sinusoidal",
                       attention=kinds)
     model = TransformerLM(config).double().eval()
     assert [type(b.attn) for b in model.blocks] == [LinearAttention if k == "linear" else MultiHeadAttention
@@ -32,7 +32,8 @@ def test_hybrid_decoding_equals_full_forward(kinds):
 
 def test_hybrid_generation_is_greedy_consistent():
     torch.manual_seed(0)
-    model = TransformerLM(LMConfig(vocab_size=40, dim=32, n_layers=2, n_heads=4, attention=("linear", "softmax"))).eval()
+    model = TransformerLM(LMConfig(vocab_size=40, embed_dim=32, num_layers=2, num_heads=4,
+                                   attention=("linear", "softmax"))).eval()
     prompt = [1, 5, 7, 9]
     new = generate(model, [prompt], max_new_tokens=6)[0]
     tokens = list(prompt)
@@ -43,7 +44,7 @@ def test_hybrid_generation_is_greedy_consistent():
 
 def test_hybrid_trains():
     torch.manual_seed(0)
-    model = TransformerLM(LMConfig(vocab_size=30, dim=32, n_layers=2, n_heads=2, attention="linear"))
+    model = TransformerLM(LMConfig(vocab_size=30, embed_dim=32, num_layers=2, num_heads=2, attention="linear"))
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     tokens = torch.randint(0, 30, (4, 16))
     losses = []
@@ -59,7 +60,7 @@ def test_hybrid_trains():
 
 def test_hybrid_batched_generation_with_left_padding_equals_one_by_one():
     torch.manual_seed(0)
-    model = TransformerLM(LMConfig(vocab_size=40, dim=32, n_layers=2, n_heads=4, positions="learned",
+    model = TransformerLM(LMConfig(vocab_size=40, embed_dim=32, num_layers=2, num_heads=4, positions="learned",
                                    attention=("linear", "softmax"))).eval()
     prompts = [[1, 5, 7, 9, 2, 3], [4, 8], [6, 6, 6, 1]]
     batched = generate(model, prompts, max_new_tokens=5)

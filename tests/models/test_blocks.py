@@ -36,9 +36,9 @@ def test_checkpoints_written_before_the_redesign_load_and_match(name):
 
 
 def test_builder_injects_the_parts_the_config_names():
-    model = build_lm("nano", dim=32, norm="rmsnorm", mlp="swiglu", n_kv_heads=1, head_dim=24, qkv_bias=True,
+    model = build_lm("nano", embed_dim=32, norm="rmsnorm", mlp="swiglu", num_kv_heads=1, head_dim=24, qkv_bias=True,
                      rope_base=5e5, rope_scaling={"rope_type": "linear", "factor": 2.0}, qk_norm=True,
-                     window=(None, 4), n_layers=2)
+                     window=(None, 4), num_layers=2)
     a, b = model.blocks[0], model.blocks[1]
     assert isinstance(a.norm1, nn.RMSNorm) and isinstance(model.norm, nn.RMSNorm)
     assert isinstance(a.mlp, ak.nn.GatedMLP) and a.mlp.activation == "silu"
@@ -51,7 +51,7 @@ def test_builder_injects_the_parts_the_config_names():
 
 
 def test_post_norm_block_and_bert_embeddings():
-    model = build_lm("nano", dim=32, causal=False, post_norm=True, bias=True, positions="learned",
+    model = build_lm("nano", embed_dim=32, causal=False, post_norm=True, bias=True, positions="learned",
                      type_vocab_size=2, embed_norm=True, mlp="gelu_exact").eval()
     assert isinstance(model.norm, nn.Identity) and model.blocks[0].post_norm
     tokens = torch.randint(0, V, (2, 7))
@@ -64,7 +64,7 @@ def test_post_norm_block_and_bert_embeddings():
 
 def test_a_hand_assembled_block_equals_the_builders():
     """Block(attn, mlp, norm1, norm2, mask=...) by hand is the same module the builder makes from the config."""
-    config = lm_config("nano", dim=32, norm="rmsnorm", mlp="swiglu", n_kv_heads=1, window=5)
+    config = lm_config("nano", embed_dim=32, norm="rmsnorm", mlp="swiglu", num_kv_heads=1, window=5)
     torch.manual_seed(0)
     built = block_from_config(config, 0)
     attn = ak.nn.MultiHeadAttention(32, 2, num_kv_heads=1, bias=False, rotary=ak.positions.RoPE(16))
@@ -78,7 +78,7 @@ def test_a_hand_assembled_block_equals_the_builders():
 @pytest.mark.parametrize("kind", ["dynamic", "static", "sliding"])
 def test_mixed_window_layers_decode_like_the_full_forward(kind):
     """Gemma-2-style alternating layers: sliding-window caches on the window layers, full caches on the rest."""
-    model = build_lm("nano", dim=32, n_layers=3, window=(3, None, 3)).eval()
+    model = build_lm("nano", embed_dim=32, num_layers=3, window=(3, None, 3)).eval()
     caches = model.new_cache(2, kind=kind, max_length=10)
     if kind == "sliding":
         assert [type(c).__name__ for c in caches] == ["SlidingWindowCache", "StaticCache", "SlidingWindowCache"]
@@ -102,13 +102,13 @@ def test_config_with_the_new_fields_round_trips_through_json():
     ({"mlp": "moe"}, "mlp must be one of"),
     ({"rope_style": "spiral"}, "rope_style must be one of"),
     ({"type_vocab_size": -1}, "type_vocab_size must be >= 0"),
-    ({"window": (3,)}, "window has 1 entries but n_layers=2"),
+    ({"window": (3,)}, "window has 1 entries but num_layers=2"),
     ({"window": (3, None), "causal": False}, "window=3 needs causal=True"),
     ({"head_dim": 0}, "head_dim must be a positive int"),
 ])
 def test_config_errors(kwargs, match):
     with pytest.raises(AttnkitValueError, match=match):
-        LMConfig(n_layers=2, **kwargs)
+        LMConfig(num_layers=2, **kwargs)
 
 
 def test_part_factories_name_their_registries():
@@ -124,7 +124,7 @@ def test_dropout_modules_run_only_when_training_with_p_above_zero():
     """At eval (or p == 0) the dropout modules are skipped, not called as identities (one module dispatch per
     layer per decode step); in training with p > 0 they still run and change the output."""
     torch.manual_seed(0)
-    model = build_lm("nano", vocab_size=V, dim=32, n_layers=2, n_heads=2, dropout=0.5)
+    model = build_lm("nano", vocab_size=V, embed_dim=32, num_layers=2, num_heads=2, dropout=0.5)
     calls = []
     for m in model.modules():
         if isinstance(m, nn.Dropout):

@@ -115,7 +115,7 @@ def test_transformer_lm_cached_equals_full(kind, window, positions):
     from attnkit.models.lm import LMConfig, TransformerLM
 
     torch.manual_seed(0)
-    lm = TransformerLM(LMConfig(vocab_size=41, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, window=window,
+    lm = TransformerLM(LMConfig(vocab_size=41, embed_dim=32, num_layers=2, num_heads=4, num_kv_heads=2, window=window,
                                 positions=positions)).eval()
     assert isinstance(lm, DecoderModel)
     tokens = torch.randint(0, 41, (2, 13))
@@ -139,7 +139,7 @@ def test_transformer_lm_left_padded_batch_generates_each_row_alone(kind, window,
     from attnkit.models.lm import LMConfig, TransformerLM
 
     torch.manual_seed(0)
-    lm = TransformerLM(LMConfig(vocab_size=41, dim=32, n_layers=2, n_heads=4, positions=positions,
+    lm = TransformerLM(LMConfig(vocab_size=41, embed_dim=32, num_layers=2, num_heads=4, positions=positions,
                                 window=window)).eval()
     prompts = [[3, 4, 5, 6, 7, 8], [9, 10]]
     with torch.no_grad():
@@ -159,7 +159,7 @@ def test_transformer_lm_compiled_decoding_equals_eager_without_recompiles(positi
     from attnkit.models.lm import LMConfig, TransformerLM
 
     torch.manual_seed(0)
-    lm = TransformerLM(LMConfig(vocab_size=41, dim=32, n_layers=2, n_heads=4, n_kv_heads=2, positions=positions,
+    lm = TransformerLM(LMConfig(vocab_size=41, embed_dim=32, num_layers=2, num_heads=4, num_kv_heads=2, positions=positions,
                                 max_seq_len=32)).eval()
     prompts = [[3, 1, 4, 1, 5], [9, 2, 6, 5, 3]]
     want = generate(lm, prompts, max_new_tokens=7, cache="static")

@@ -78,13 +78,13 @@ def reference_forward(model: TransformerLM, tokens, positions=None, doc_ids=None
 
 CONFIGS = [
     {"positions": "rope"},
-    {"positions": "alibi", "n_heads": 4, "n_kv_heads": 2},
-    {"positions": "sinusoidal", "n_kv_heads": 1},
+    {"positions": "alibi", "num_heads": 4, "num_kv_heads": 2},
+    {"positions": "sinusoidal", "num_kv_heads": 1},
     {"positions": "learned", "tie_embeddings": False},
     {"positions": "rope", "window": 3},
     {"positions": "none", "bias": True},
     # the parts real families need (LLaMA / Mistral / Qwen2 / Gemma-2 / BERT / Qwen3-like)
-    {"norm": "rmsnorm", "mlp": "swiglu", "n_kv_heads": 1, "head_dim": 24, "rope_base": 5e5, "tie_embeddings": False},
+    {"norm": "rmsnorm", "mlp": "swiglu", "num_kv_heads": 1, "head_dim": 24, "rope_base": 5e5, "tie_embeddings": False},
     {"norm": "rmsnorm", "mlp": "swiglu", "qkv_bias": True, "rope_scaling": {"rope_type": "linear", "factor": 2.0}},
     {"window": (3, None), "mlp": "geglu", "norm_eps": 1e-6},
     {"positions": "learned", "bias": True, "post_norm": True, "mlp": "gelu_exact", "type_vocab_size": 2,
@@ -94,7 +94,7 @@ CONFIGS = [
 
 
 def _model(**kw):
-    return build_lm("nano", dim=32, **kw).eval()
+    return build_lm("nano", embed_dim=32, **kw).eval()
 
 
 @pytest.mark.parametrize("kw", CONFIGS, ids=lambda kw: "-".join(f"{k}={v}" for k, v in kw.items()))
@@ -136,7 +136,7 @@ def test_packed_rows_reach_attention_as_one_structured_mask(window):
 
 
 def test_packed_rows_with_irregular_positions_match_the_reference():
-    model = _model(positions="alibi", n_heads=4)
+    model = _model(positions="alibi", num_heads=4)
     tokens = torch.randint(0, V, (1, 9))
     doc_ids = torch.tensor([[0] * 5 + [1] * 4])
     positions = torch.tensor([[0, 2, 4, 6, 8, 0, 3, 6, 9]])
@@ -169,7 +169,7 @@ def test_window_at_least_length_equals_causal():
 
 @pytest.mark.parametrize("kind", ["dynamic", "static", "sliding"])
 def test_cached_decoding_equals_full_forward(kind):
-    model = _model(window=5 if kind == "sliding" else None, positions="rope", n_kv_heads=1)
+    model = _model(window=5 if kind == "sliding" else None, positions="rope", num_kv_heads=1)
     tokens = torch.randint(0, V, (2, 11))
     full = model(tokens)
     cache = model.new_cache(2, kind=kind, max_length=11)
@@ -180,7 +180,7 @@ def test_cached_decoding_equals_full_forward(kind):
 
 
 def test_padding_does_not_change_real_outputs_encoder_and_decoder():
-    for model in (build_encoder("nano", dim=32).eval(), _model()):
+    for model in (build_encoder("nano", embed_dim=32).eval(), _model()):
         tokens = torch.randint(0, V, (2, 9))
         key_is_real = torch.ones(2, 9, dtype=torch.bool)
         key_is_real[1, 6:] = False
@@ -195,7 +195,7 @@ def test_padding_does_not_change_real_outputs_encoder_and_decoder():
 
 
 def test_encoder_is_bidirectional_and_embeds():
-    enc = build_encoder("nano", dim=32).eval()
+    enc = build_encoder("nano", embed_dim=32).eval()
     assert not enc.config.causal
     a = torch.randint(0, V, (2, 8))
     b = a.clone()
@@ -209,7 +209,7 @@ def test_encoder_is_bidirectional_and_embeds():
 
 
 def test_init_statistics_and_tying():
-    model = build_lm("small", n_layers=8).requires_grad_(False)
+    model = build_lm("small", num_layers=8).requires_grad_(False)
     std, resid = 0.02, 0.02 / math.sqrt(2 * 8)
     assert model.head.weight is model.embed.weight
     assert abs(float(model.embed.weight.std()) - std) < 0.1 * std
@@ -225,7 +225,7 @@ def test_init_statistics_and_tying():
 def test_presets_grow():
     sizes = [build_lm(p).num_parameters() for p in ("nano", "tiny")]
     assert sizes[0] < sizes[1]
-    assert lm_config("small").dim == PRESETS["small"]["dim"] and lm_config("tiny", dim=96).dim == 96
+    assert lm_config("small").embed_dim == PRESETS["small"]["embed_dim"] and lm_config("tiny", embed_dim=96).embed_dim == 96
 
 
 def test_per_layer_attention_kind_is_pluggable():
@@ -290,7 +290,7 @@ def test_gradient_checkpointing_gives_the_same_gradients():
 
 
 def test_config_round_trips_through_json_dict():
-    config = lm_config("tiny", n_kv_heads=2, window=32, attention=("softmax",) * 4)
+    config = lm_config("tiny", num_kv_heads=2, window=32, attention=("softmax",) * 4)
     assert LMConfig.from_dict(config.to_dict()) == config
 
 
@@ -298,9 +298,9 @@ def test_config_round_trips_through_json_dict():
     (lambda: lm_config("huge"), AttnkitValueError, "unknown preset 'huge'"),
     (lambda: LMConfig(positions="xpos"), AttnkitValueError, "positions must be one of"),
     (lambda: LMConfig(window=4, causal=False), AttnkitValueError, "window=4 needs causal=True"),
-    (lambda: LMConfig(dim=0), AttnkitValueError, "dim must be a positive int"),
+    (lambda: LMConfig(embed_dim=0), AttnkitValueError, "dim must be a positive int"),
     (lambda: LMConfig(dropout=1.5), AttnkitValueError, "dropout must be in"),
-    (lambda: LMConfig(n_layers=2, attention=("softmax",)), AttnkitValueError, "attention has 1 entries but n_layers=2"),
+    (lambda: LMConfig(num_layers=2, attention=("softmax",)), AttnkitValueError, "attention has 1 entries but num_layers=2"),
     (lambda: TransformerLM(LMConfig(attention="nope")), AttnkitValueError,
      "kind 'nope' .* is not registered.*register_attention_layer"),
     (lambda: LMConfig.from_dict({"dims": 3}), AttnkitValueError, r"unknown LMConfig fields \['dims'\]"),

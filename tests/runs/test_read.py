@@ -77,7 +77,7 @@ def test_a_model_of_another_shape_is_refused_naming_the_tensor(run):
     folder, _ = run
     with pytest.raises(io.CheckpointError, match=r"does not fit the model: .* in the checkpoint but .* in the model "
                                                  r"built from the config; .*attnkit.runs.load_model does"):
-        io.load_weights(io.resolve(folder), build_lm("nano", dim=128))
+        io.load_weights(io.resolve(folder), build_lm("nano", embed_dim=128))
 
 
 def test_read_metrics_drops_a_line_cut_by_a_kill(tmp_path):

@@ -98,7 +98,7 @@ def test_errors_for_missing_and_mismatched(tmp_path):
     model, opt = _trained(1)
     ckpt.save_checkpoint(tmp_path, 1, model, opt, {})
     with pytest.raises(ckpt.CheckpointError, match="does not match the model"):
-        ckpt.load_weights(ckpt.resolve(tmp_path), build_lm("nano", n_layers=1))
+        ckpt.load_weights(ckpt.resolve(tmp_path), build_lm("nano", num_layers=1))
     only = build_lm("nano")
     ckpt.save_checkpoint(tmp_path / "b", 1, only, None, {})
     assert ckpt.read_state(ckpt.resolve(tmp_path / "b"))["optimizer"] == {}

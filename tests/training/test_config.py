@@ -33,7 +33,7 @@ def test_given_settings_win_over_the_overfit_defaults():
 
 
 def test_the_cli_names_settings_by_its_flags():
-    assert [flag(n) for n in ("n_kv_heads", "doc_mask", "init_from", "run_dir", "lr", "window")] == \
+    assert [flag(n) for n in ("num_kv_heads", "doc_mask", "init_from", "run_dir", "lr", "window")] == \
         ["--kv-heads", "--doc-mask", "--init-from", "--run-dir", "--lr", "--window"]
 
 

@@ -175,7 +175,7 @@ def test_an_intact_history_resumes_without_a_warning(run, tmp_path):
 
 
 def test_manifest_round_trip_is_canonical(tmp_path):
-    model = build_lm("nano", n_layers=1)
+    model = build_lm("nano", num_layers=1)
     path = ckpt.save_checkpoint(tmp_path, 3, model, None, {"betas": (0.9, 0.95), "loss": float("nan")})
     state = ckpt.read_state(path)
     assert state["betas"] == [0.9, 0.95] and state["step"] == 3

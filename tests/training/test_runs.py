@@ -304,7 +304,7 @@ def test_a_config_that_does_not_fit_its_weights_is_a_typed_error(tmp_path):
     path = ckpt.save_checkpoint(tmp_path, 1, build_lm("nano"), None, {})
     with pytest.raises(ckpt.CheckpointError, match=r"does not fit the model: blocks.0.attn.out_proj.weight is \(64, 64\) in the "
                                                    r"checkpoint but \(128, 128\) in the model"):
-        ckpt.load_weights(path, build_lm("nano", dim=128))
+        ckpt.load_weights(path, build_lm("nano", embed_dim=128))
 
 
 # ------------------------------------------------------------------------------------------ red team 2 (resume, init)

@@ -38,7 +38,7 @@ def gpt2_decoder(vocab: int = 8192, dim: int = 512, layers: int = 4, heads: int 
     ``positions="rope"`` replaces the learned table (for contexts beyond ``max_positions``); ``window`` makes
     every layer a sliding window of that many keys.
     """
-    return build_lm("nano", vocab_size=vocab, dim=dim, n_layers=layers, n_heads=heads, max_seq_len=max_positions,
+    return build_lm("nano", vocab_size=vocab, embed_dim=dim, num_layers=layers, num_heads=heads, max_seq_len=max_positions,
                     positions=positions, window=window, bias=True, mlp="gelu", tie_embeddings=True).eval()
 
 
@@ -118,7 +118,7 @@ def bare_torch_greedy(model: TransformerLM, prompt: torch.Tensor, new_tokens: in
     """The ceiling for any library built from PyTorch ops: greedy decoding of ``model`` (learned positions) as
     one loop of bare functional calls on its weights - no modules, no checks, preallocated K/V - ``(B, N)``."""
     B, P = prompt.shape
-    E, H = model.embed.weight.shape[1], model.config.n_heads
+    E, H = model.embed.weight.shape[1], model.config.num_heads
     D, T = E // H, P + new_tokens
     blocks = [(b.norm1, b.attn.qkv_proj, b.attn.out_proj, b.norm2, b.mlp.up, b.mlp.down) for b in model.blocks]
     K = [torch.empty(B, H, T, D) for _ in blocks]  # (B, H, T, D) per layer
@@ -175,7 +175,7 @@ class BareCompiledGreedy:
     :class:`CompiledGreedy`."""
 
     def __init__(self, model: TransformerLM, batch: int, max_length: int):
-        E, H = model.embed.weight.shape[1], model.config.n_heads
+        E, H = model.embed.weight.shape[1], model.config.num_heads
         self.model, self.B, self.E, self.H, self.D, self.T = model, batch, E, H, E // H, max_length
         self.blocks = [(b.norm1, b.attn.qkv_proj, b.attn.out_proj, b.norm2, b.mlp.up, b.mlp.down) for b in model.blocks]
         self.K = [torch.zeros(batch, H, max_length, E // H) for _ in self.blocks]  # (B, H, T, D) per layer

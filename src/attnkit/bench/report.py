@@ -189,8 +189,8 @@ def run(args: argparse.Namespace) -> int:
                 new, old = _summary(news), _summary(olds)
                 pages = driver is not None and threads == args.threads[0]  # the page does not depend on the threads
                 ttis = [time_to_interactive(driver, path) for _ in range(args.loads)] if pages else []
-                row = {"n": n, "threads": threads or torch.get_num_threads(), "layers": config.n_layers,
-                       "heads": config.n_heads, "qk_scale": sharpen, "bytes": new["bytes"],
+                row = {"n": n, "threads": threads or torch.get_num_threads(), "layers": config.num_layers,
+                       "heads": config.num_heads, "qk_scale": sharpen, "bytes": new["bytes"],
                        "rows": "dense" if n <= args.dense_max else f"top-{args.top_k} per row",
                        "tti_ms_median": statistics.median(ttis) if ttis else None, "tti_ms": ttis,
                        "write_s": new["write_s"], "write_s_runs": new["runs"], "cpu_s": new["cpu_s"]}
@@ -207,7 +207,7 @@ def run(args: argparse.Namespace) -> int:
                 rows.append(row)
                 print(line, flush=True)
         for n in args.n:
-            metric_rows.append(time_metrics(n, heads=config.n_heads))
+            metric_rows.append(time_metrics(n, heads=config.num_heads))
             m = metric_rows[-1]
             print(f"metrics of one layer ({m['heads']} heads, N={n}): {m['head_metrics_s']:.2f} s vs float64 "
                   f"{m['head_metrics_reference_s']:.2f} s ({m['speedup']:.1f}x), max difference {m['max_abs_diff']:.1e}",

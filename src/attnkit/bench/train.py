@@ -126,7 +126,7 @@ def _ak_model(config, checkpointing: bool = False) -> TransformerLM:
 
 def _ref_model(config, seq_len: int) -> RefGPT:
     torch.manual_seed(0)
-    return RefGPT(config.vocab_size, config.dim, config.n_layers, config.n_heads, seq_len).train()
+    return RefGPT(config.vocab_size, config.embed_dim, config.num_layers, config.num_heads, seq_len).train()
 
 
 def _ref_loss(batch):

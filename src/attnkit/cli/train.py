@@ -28,7 +28,7 @@ FIELDS = {"run_dir": "run_dir", "preset": "preset", "data": "data", "val_fractio
           "eval_every": "eval_every", "eval_batches": "eval_batches", "ckpt_every": "ckpt_every", "keep": "keep",
           "seed": "seed", "device": "device", "context_parallel": "context_parallel"}
 #: the command-line flags that set a model field (flag dest -> LMConfig field)
-MODEL_FLAGS = {"positions": "positions", "kv_heads": "n_kv_heads", "window": "window", "backend": "backend",
+MODEL_FLAGS = {"positions": "positions", "kv_heads": "num_kv_heads", "window": "window", "backend": "backend",
                "dropout": "dropout"}
 SWITCHES = {"no_doc_mask": "doc_mask", "grad_checkpointing": "grad_checkpointing", "overwrite": "overwrite",
             "overfit": "overfit", "samples": "samples", "no_progress": "progress"}
@@ -93,7 +93,7 @@ def add_parser(sub) -> None:
 
 def flag(name: str) -> str:
     """The flag that sets the TrainConfig / LMConfig field (or the ``train`` argument) ``name``: how the trainer's
-    messages name it on the command line (``n_kv_heads`` -> ``--kv-heads``, ``init_from`` -> ``--init-from``)."""
+    messages name it on the command line (``num_kv_heads`` -> ``--kv-heads``, ``init_from`` -> ``--init-from``)."""
     dest = {field: dest for dest, field in {**FIELDS, **MODEL_FLAGS}.items()}.get(name, name)
     return flags.flag(dest)
 

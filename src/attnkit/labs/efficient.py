@@ -32,7 +32,7 @@ def strided_mask(stride: int):
 
 
 def model_for(kind: str, p: dict):
-    common = {"dim": p["dim"], "n_layers": p["layers"], "n_heads": p["heads"], "max_seq_len": p["seq_len"],
+    common = {"embed_dim": p["dim"], "num_layers": p["layers"], "num_heads": p["heads"], "max_seq_len": p["seq_len"],
               "positions": "sinusoidal"}
     if kind == "window":
         return tiny_lm(window=p["window"], **common)

@@ -143,7 +143,7 @@ def measure(p: dict, plots) -> dict:
     runs, prune = {}, None
     for H in p["heads"]:
         seeded(p["seed"])
-        model = tiny_lm(dim=p["dim"], n_layers=p["layers"], n_heads=H, max_seq_len=L)
+        model = tiny_lm(embed_dim=p["dim"], num_layers=p["layers"], num_heads=H, max_seq_len=L)
         hist = train(model, data.sampler(p["batch"], L), steps=p["steps"], lr=p["lr"], seed=p["seed"])
         runs[str(H)] = {"val_loss": evaluate(model, *set_b), "step_ms": hist.median_step_ms(),
                         "params": sum(q.numel() for q in model.parameters()), **head_stats(model, set_a[0][:8])}

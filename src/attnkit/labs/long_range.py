@@ -22,7 +22,7 @@ MODELS = ("attention", "lstm", "cnn")
 
 def build(name: str, vocab: int, dim: int, max_len: int):
     if name == "attention":
-        return tiny_lm(vocab_size=vocab, dim=dim, n_layers=2, n_heads=2, max_seq_len=max_len, positions="rope")
+        return tiny_lm(vocab_size=vocab, embed_dim=dim, num_layers=2, num_heads=2, max_seq_len=max_len, positions="rope")
     if name == "lstm":
         return LSTMLM(vocab, dim, dim, layers=2)
     return ConvLM(vocab, dim, layers=4, kernel=3)

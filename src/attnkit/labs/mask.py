@@ -70,7 +70,7 @@ def train_pair(p: dict) -> dict:
     for name, kind in (("correct", "softmax"), ("after", lab_attention("mask-after-softmax",
                                                                         kernel=mask_after_softmax))):
         seeded(p["seed"])
-        model = tiny_lm(n_layers=2, max_seq_len=p["seq_len"], positions="rope", attention=kind)
+        model = tiny_lm(num_layers=2, max_seq_len=p["seq_len"], positions="rope", attention=kind)
         hist = train(model, data.sampler(p["batch"], p["seq_len"]), steps=p["steps"], lr=p["lr"], seed=p["seed"])
         out[name] = {"loss": hist.loss, "teacher_forced": evaluate(model, x, y), "prefix": prefix_loss(model, x, y),
                      "sample": greedy(model, "def ", p["sample_tokens"])}

@@ -63,7 +63,7 @@ def dropout_runs(p, data) -> dict:
 
 def add_norm(model: nn.Module, where: str) -> nn.Module:
     """``LN(tok + pos)`` ("before": the positions go through the norm) or ``LN(tok) + pos`` ("after")."""
-    norm = nn.LayerNorm(model.config.dim)
+    norm = nn.LayerNorm(model.config.embed_dim)
     model.pos_norm = norm  # registered, so it trains
     target = model.dropout if where == "before" else model.embed  # dropout sees tok + pos; embed sees tok
     target.register_forward_hook(lambda module, args, output: norm(output))

@@ -85,7 +85,7 @@ def measure(p: dict, plots) -> dict:
     losses, curves = {}, {}
     for scheme in SCHEMES:
         seeded(p["seed"])
-        model = tiny_lm(dim=p["dim"], n_layers=p["layers"], n_heads=p["heads"], max_seq_len=L, positions=scheme)
+        model = tiny_lm(embed_dim=p["dim"], num_layers=p["layers"], num_heads=p["heads"], max_seq_len=L, positions=scheme)
         hist = train(model, data.sampler(p["batch"], L), steps=p["steps"], lr=p["lr"], seed=p["seed"])
         losses[scheme] = {str(k): v for k, v in loss_at_lengths(model, data, lengths, p["eval_tokens"]).items()}
         curves[scheme] = hist.loss

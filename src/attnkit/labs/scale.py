@@ -83,7 +83,7 @@ def train_pair(p: dict) -> dict:
     runs = {}
     for name in ("scaled", "unscaled"):
         seeded(p["seed"])
-        model = tiny_lm(dim=p["dim"], n_heads=p["dim"] // 64, n_layers=2, max_seq_len=p["seq_len"])
+        model = tiny_lm(embed_dim=p["dim"], num_heads=p["dim"] // 64, num_layers=2, max_seq_len=p["seq_len"])
         if name == "unscaled":
             for block in model.blocks:
                 block.attn.scale = 1.0  # MultiHeadAttention's score scale: no 1/sqrt(d_k)

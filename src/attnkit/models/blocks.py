@@ -76,9 +76,9 @@ def softmax_attention(config: LMConfig, index: int) -> nn.Module:
     D = config.resolved_head_dim
     qk_norm = (lambda: make_norm(config.norm, D, eps=config.norm_eps, bias=config.bias)) if config.qk_norm else None
     return MultiHeadAttention(
-        config.dim, config.n_heads, num_kv_heads=config.n_kv_heads, head_dim=config.head_dim,
+        config.embed_dim, config.num_heads, num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
         dropout=config.dropout, bias=config.bias, qkv_bias=config.qkv_bias, rotary=rotary_from_config(config),
-        score_bias=ALiBi(config.n_heads) if config.positions == "alibi" else None,
+        score_bias=ALiBi(config.num_heads) if config.positions == "alibi" else None,
         q_norm=qk_norm and qk_norm(), k_norm=qk_norm and qk_norm(), backend=config.backend,
     )
 
@@ -86,7 +86,7 @@ def softmax_attention(config: LMConfig, index: int) -> nn.Module:
 def linear_attention(config: LMConfig, index: int) -> nn.Module:
     """:class:`attnkit.nn.LinearAttention` (O(n), a recurrent state for decoding); it has no positional term,
     so position information comes from embeddings or the softmax layers of a hybrid."""
-    return LinearAttention(config.dim, config.n_heads, num_kv_heads=config.n_kv_heads, dropout=config.dropout,
+    return LinearAttention(config.embed_dim, config.num_heads, num_kv_heads=config.num_kv_heads, dropout=config.dropout,
                            bias=config.bias)
 
 
@@ -109,7 +109,7 @@ def attention_from_config(config: LMConfig, index: int) -> nn.Module:
 
 
 def norm_from_config(config: LMConfig) -> nn.Module:
-    return make_norm(config.norm, config.dim, eps=config.norm_eps, bias=config.bias)
+    return make_norm(config.norm, config.embed_dim, eps=config.norm_eps, bias=config.bias)
 
 
 def block_from_config(config: LMConfig, index: int, mask: masks.MaskSpec | None = None) -> Block:
@@ -118,15 +118,15 @@ def block_from_config(config: LMConfig, index: int, mask: masks.MaskSpec | None 
     if mask is None and window:
         mask = masks.sliding_window(window)
     return Block(attention_from_config(config, index),
-                 make_mlp(config.mlp, config.dim, config.resolved_mlp_hidden, bias=config.bias, dropout=config.dropout),
+                 make_mlp(config.mlp, config.embed_dim, config.resolved_mlp_hidden, bias=config.bias, dropout=config.dropout),
                  norm_from_config(config), norm_from_config(config), post_norm=config.post_norm, mask=mask,
                  dropout=config.dropout)
 
 
 def blocks_from_config(config: LMConfig) -> list[Block]:
     """Every layer; layers with the same window share one mask object, so the model builds their mask once."""
-    windows = {w: masks.sliding_window(w) for w in map(config.layer_window, range(config.n_layers)) if w}
-    return [block_from_config(config, i, windows.get(config.layer_window(i))) for i in range(config.n_layers)]
+    windows = {w: masks.sliding_window(w) for w in map(config.layer_window, range(config.num_layers)) if w}
+    return [block_from_config(config, i, windows.get(config.layer_window(i))) for i in range(config.num_layers)]
 
 
 def layer_window(block: nn.Module) -> int | None:

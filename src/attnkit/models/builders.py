@@ -1,31 +1,32 @@
 """Builders for :class:`~attnkit.models.lm.TransformerLM`: named presets and the encoder variant.
 
 >>> from attnkit.models.builders import build_lm
->>> model = build_lm("tiny", positions="alibi", n_kv_heads=2)   # any LMConfig field overrides the preset
+>>> model = build_lm("tiny", positions="alibi", num_kv_heads=2)   # any LMConfig field overrides the preset
 >>> enc = build_encoder("tiny")                                  # same stack, bidirectional, padding masks
 
 Presets (byte-level vocabulary of 257 by default):
 
-========  ====  ========  =====  ==========  ===========
-preset     dim  n_layers  heads  max_seq_len   params
-========  ====  ========  =====  ==========  ===========
-nano        64         2      2         128        ~0.1 M
-tiny       128         4      4         256        ~0.8 M
-small      384         6      6         512       ~10.8 M
-medium     768        12     12        1024       ~85 M
-========  ====  ========  =====  ==========  ===========
+========  =========  ==========  =========  ===========  ===========
+preset    embed_dim  num_layers  num_heads  max_seq_len   params
+========  =========  ==========  =========  ===========  ===========
+nano             64           2          2          128        ~0.1 M
+tiny            128           4          4          256        ~0.8 M
+small           384           6          6          512       ~10.8 M
+medium          768          12         12         1024       ~85 M
+========  =========  ==========  =========  ===========  ===========
 """
 
 from __future__ import annotations
 
-from attnkit.errors import AttnkitValueError
+from attnkit.errors import AttnkitTypeError, AttnkitValueError
+from attnkit.models.config import RENAMED_FIELDS
 from attnkit.models.lm import LMConfig, TransformerLM
 
 PRESETS: dict[str, dict] = {
-    "nano": {"dim": 64, "n_layers": 2, "n_heads": 2, "max_seq_len": 128},
-    "tiny": {"dim": 128, "n_layers": 4, "n_heads": 4, "max_seq_len": 256},
-    "small": {"dim": 384, "n_layers": 6, "n_heads": 6, "max_seq_len": 512},
-    "medium": {"dim": 768, "n_layers": 12, "n_heads": 12, "max_seq_len": 1024},
+    "nano": {"embed_dim": 64, "num_layers": 2, "num_heads": 2, "max_seq_len": 128},
+    "tiny": {"embed_dim": 128, "num_layers": 4, "num_heads": 4, "max_seq_len": 256},
+    "small": {"embed_dim": 384, "num_layers": 6, "num_heads": 6, "max_seq_len": 512},
+    "medium": {"embed_dim": 768, "num_layers": 12, "num_heads": 12, "max_seq_len": 1024},
 }
 
 
@@ -33,6 +34,10 @@ def lm_config(preset: str = "tiny", **overrides) -> LMConfig:
     """The :class:`LMConfig` of a preset with any field overridden (``None`` values are ignored)."""
     if preset not in PRESETS:
         raise AttnkitValueError(f"unknown preset {preset!r}; choose one of {sorted(PRESETS)}.")
+    old = sorted(set(overrides) & set(RENAMED_FIELDS))
+    if old:
+        raise AttnkitTypeError(f"LMConfig fields were renamed: pass {', '.join(f'{RENAMED_FIELDS[o]}=' for o in old)} "
+                               f"instead of {', '.join(f'{o}=' for o in old)} (got {old}).")
     return LMConfig(**{**PRESETS[preset], **{k: v for k, v in overrides.items() if v is not None}})
 
 

@@ -14,13 +14,27 @@ from attnkit.errors import AttnkitValueError
 
 POSITIONS = ("rope", "alibi", "sinusoidal", "learned", "none")
 ROPE_STYLES = ("half", "interleaved")
+#: fields renamed to the glossary's names (issue 20): old name -> new name. Configs written before the rename
+#: (checkpoints, config.json, a run's saved model overrides) still load; writing uses the new names only.
+RENAMED_FIELDS = {"dim": "embed_dim", "n_layers": "num_layers", "n_heads": "num_heads",  # rename-lmconfig: skip
+                  "n_kv_heads": "num_kv_heads"}  # rename-lmconfig: skip
+
+
+def renamed_fields(data: dict) -> dict:
+    """``data`` (LMConfig fields by name) with each old field name of :data:`RENAMED_FIELDS` replaced by its new
+    name; a key given under both names is refused."""
+    both = sorted(old for old, new in RENAMED_FIELDS.items() if old in data and new in data)
+    if both:
+        raise AttnkitValueError(f"LMConfig fields {both} are given under both their old and new names "
+                                f"({', '.join(f'{o} -> {RENAMED_FIELDS[o]}' for o in both)}); keep only the new one.")
+    return {RENAMED_FIELDS.get(key, key): value for key, value in data.items()}
 
 
 @dataclass(frozen=True)
 class LMConfig:
     """Everything that defines a :class:`TransformerLM` (JSON-serialisable).
 
-    Shape and stack: ``vocab_size``, ``dim`` (E), ``n_layers``, ``n_heads`` (H), ``n_kv_heads`` (Hkv, GQA),
+    Shape and stack: ``vocab_size``, ``embed_dim`` (E), ``num_layers``, ``num_heads`` (H), ``num_kv_heads`` (Hkv, GQA),
     ``head_dim`` (D, default E // H), ``mlp_ratio`` or ``mlp_hidden`` (F), ``max_seq_len``.
 
     Parts: ``norm`` ("layernorm" | "rmsnorm", :data:`attnkit.nn.norms.NORMS`) with ``norm_eps``; ``mlp``
@@ -40,10 +54,10 @@ class LMConfig:
     """
 
     vocab_size: int = 257
-    dim: int = 128
-    n_layers: int = 4
-    n_heads: int = 4
-    n_kv_heads: int | None = None
+    embed_dim: int = 128
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int | None = None
     mlp_ratio: float = 4.0
     max_seq_len: int = 256
     positions: str = "rope"
@@ -73,9 +87,9 @@ class LMConfig:
         from attnkit.nn.mlp import MLPS
         from attnkit.nn.norms import NORMS
 
-        for name in ("vocab_size", "dim", "n_layers", "n_heads", "max_seq_len"):
+        for name in ("vocab_size", "embed_dim", "num_layers", "num_heads", "max_seq_len"):
             positive_int(getattr(self, name), name)
-        for name in ("head_dim", "mlp_hidden", "n_kv_heads"):
+        for name in ("head_dim", "mlp_hidden", "num_kv_heads"):
             if getattr(self, name) is not None:
                 positive_int(getattr(self, name), name)
         if self.positions not in POSITIONS:
@@ -93,14 +107,14 @@ class LMConfig:
         for name in ("attention", "window"):
             if isinstance(getattr(self, name), list):
                 object.__setattr__(self, name, tuple(getattr(self, name)))  # JSON gives lists
-        kinds = (self.attention,) * self.n_layers if isinstance(self.attention, str) else self.attention
-        if len(kinds) != self.n_layers:
-            raise AttnkitValueError(f"attention has {len(kinds)} entries but n_layers={self.n_layers}; give one kind "
+        kinds = (self.attention,) * self.num_layers if isinstance(self.attention, str) else self.attention
+        if len(kinds) != self.num_layers:
+            raise AttnkitValueError(f"attention has {len(kinds)} entries but num_layers={self.num_layers}; give one kind "
                                     "for all layers or one per layer.")
-        if isinstance(self.window, tuple) and len(self.window) != self.n_layers:
-            raise AttnkitValueError(f"window has {len(self.window)} entries but n_layers={self.n_layers}; give one "
+        if isinstance(self.window, tuple) and len(self.window) != self.num_layers:
+            raise AttnkitValueError(f"window has {len(self.window)} entries but num_layers={self.num_layers}; give one "
                                     "window for all layers or one per layer (None = full causal).")
-        for i in range(self.n_layers):
+        for i in range(self.num_layers):
             w = self.layer_window(i)
             if w is not None:
                 positive_int(w, "window")
@@ -117,17 +131,19 @@ class LMConfig:
 
     @property
     def resolved_head_dim(self) -> int:
-        return self.head_dim or self.dim // self.n_heads
+        return self.head_dim or self.embed_dim // self.num_heads
 
     @property
     def resolved_mlp_hidden(self) -> int:
-        return self.mlp_hidden or int(self.mlp_ratio * self.dim)
+        return self.mlp_hidden or int(self.mlp_ratio * self.embed_dim)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> LMConfig:
+        """The config ``data`` describes; old field names (:data:`RENAMED_FIELDS`) are read as the new ones."""
+        data = renamed_fields(data)
         known = {f.name for f in fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:

@@ -13,7 +13,7 @@ that share it). Packed rows keep the structured document mask, so the backends c
 documents.
 
 Init (GPT-2): every Linear and Embedding from normal(0, ``init_std``), biases zero, and the projections that
-write into the residual stream (attention ``out_proj``, MLP ``down``) from normal(0, init_std / sqrt(2 n_layers)).
+write into the residual stream (attention ``out_proj``, MLP ``down``) from normal(0, init_std / sqrt(2 num_layers)).
 
 Shape legend: B batch, L new tokens, Lk all keys (cache included), E dim, V vocab_size.
 """
@@ -65,31 +65,31 @@ class TransformerLM(nn.Module):
         self.config = config
         self.gradient_checkpointing = False
         self._default_pattern = masks.causal() if config.causal else None  # one object: layers share its mask
-        self.embed = nn.Embedding(config.vocab_size, config.dim)
-        self.pos_embed = {"sinusoidal": Sinusoidal(config.dim), "learned": Learned(config.max_seq_len, config.dim,
+        self.embed = nn.Embedding(config.vocab_size, config.embed_dim)
+        self.pos_embed = {"sinusoidal": Sinusoidal(config.embed_dim), "learned": Learned(config.max_seq_len, config.embed_dim,
                                                                                    config.init_std)}.get(config.positions)
         if config.type_vocab_size:
-            self.type_embed = nn.Embedding(config.type_vocab_size, config.dim)
+            self.type_embed = nn.Embedding(config.type_vocab_size, config.embed_dim)
         if config.embed_norm:
-            self.embed_norm = make_norm(config.norm, config.dim, eps=config.norm_eps, bias=config.bias)
+            self.embed_norm = make_norm(config.norm, config.embed_dim, eps=config.norm_eps, bias=config.bias)
         self.dropout = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(blocks_from_config(config))
-        self.norm = nn.Identity() if config.post_norm else make_norm(config.norm, config.dim, eps=config.norm_eps,
+        self.norm = nn.Identity() if config.post_norm else make_norm(config.norm, config.embed_dim, eps=config.norm_eps,
                                                                      bias=config.bias)
-        self.head = nn.Linear(config.dim, config.vocab_size, bias=False)
+        self.head = nn.Linear(config.embed_dim, config.vocab_size, bias=False)
         self.reset_parameters()
         if config.tie_embeddings:
             self.head.weight = self.embed.weight
 
     def reset_parameters(self) -> None:
-        """GPT-2 init: normal(0, init_std); residual projections normal(0, init_std / sqrt(2 n_layers))."""
+        """GPT-2 init: normal(0, init_std); residual projections normal(0, init_std / sqrt(2 num_layers))."""
         std = self.config.init_std
         for module in self.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 nn.init.normal_(module.weight, mean=0.0, std=std)
                 if getattr(module, "bias", None) is not None:
                     nn.init.zeros_(module.bias)
-        resid_std = std / math.sqrt(2 * self.config.n_layers)
+        resid_std = std / math.sqrt(2 * self.config.num_layers)
         for block in self.blocks:
             for proj in (getattr(block.attn, "out_proj", None), getattr(block.mlp, "down", None)):
                 if isinstance(proj, nn.Linear):
@@ -208,7 +208,7 @@ class TransformerLM(nn.Module):
         return [layer_cache(i) for i in range(len(self.blocks))]
 
     def _kv_heads(self, index: int) -> int:
-        return getattr(self.blocks[index].attn, "num_kv_heads", self.config.n_kv_heads or self.config.n_heads)
+        return getattr(self.blocks[index].attn, "num_kv_heads", self.config.num_kv_heads or self.config.num_heads)
 
     def _head_dim(self, index: int) -> int:
         return getattr(self.blocks[index].attn, "head_dim", self.config.resolved_head_dim)

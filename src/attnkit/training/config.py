@@ -16,7 +16,7 @@ from pathlib import Path
 from attnkit._checks import number, positive_int
 from attnkit.errors import AttnkitValueError
 from attnkit.models.builders import PRESETS
-from attnkit.models.config import LMConfig
+from attnkit.models.config import LMConfig, renamed_fields
 
 #: the sanity check's own settings (``overfit=True``), unless given explicitly: a constant rate to a loss of ~0.
 #: Rows of 64 tokens are memorised by step ~150 (loss 0.016; 0.010 at 200) in a sixth of the time of full rows
@@ -125,6 +125,8 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, data: dict) -> TrainConfig:
         known = {f.name for f in fields(cls)}
+        if isinstance(data.get("model"), dict):  # a run saved before LMConfig's renames (issue 20)
+            data = {**data, "model": renamed_fields(data["model"])}
         return cls(**{k: v for k, v in data.items() if k in known})
 
 

@@ -511,9 +511,9 @@ class Trainer:
 
 def _describe(config: LMConfig) -> str:
     """The model in a few words, as built (not as asked)."""
-    kv = f", {config.n_kv_heads} KV heads" if config.n_kv_heads not in (None, config.n_heads) else ""
+    kv = f", {config.num_kv_heads} KV heads" if config.num_kv_heads not in (None, config.num_heads) else ""
     window = f", window {config.window}" if config.window is not None else ""
-    return (f"{config.n_layers} layers, dim {config.dim}, {config.n_heads} heads{kv}, {config.positions} positions"
+    return (f"{config.num_layers} layers, dim {config.embed_dim}, {config.num_heads} heads{kv}, {config.positions} positions"
             f"{window}")
 
 

@@ -20,7 +20,7 @@ ARTIFACTS = Path(os.environ.get("ATTNKIT_ARTIFACTS", Path(__file__).resolve().pa
 def small_model(**overrides):
     """3 layers, 4 query heads sharing 2 KV heads (GQA), auto backend (SDPA: the weights are recomputed)."""
     torch.manual_seed(0)
-    model = build_lm("nano", n_layers=3, n_heads=4, n_kv_heads=2, **overrides).eval()
+    model = build_lm("nano", num_layers=3, num_heads=4, num_kv_heads=2, **overrides).eval()
     with torch.no_grad():  # sharper than init so the heads differ visibly
         for block in model.blocks:
             block.attn.qkv_proj.weight.mul_(12)

@@ -194,7 +194,7 @@ def test_long_text_keeps_the_colour_bar_in_view_and_warns_past_the_trained_lengt
     """The issue's screenshots: at 700 tokens the colour bar was clipped (and the page scrolled sideways at
     1400 px); nothing said the text was longer than the model was built for."""
     torch.manual_seed(0)
-    model = build_lm("nano", n_layers=2, n_heads=12, dim=96).eval()  # built for 128 tokens
+    model = build_lm("nano", num_layers=2, num_heads=12, embed_dim=96).eval()  # built for 128 tokens
     text = ("The quick brown fox jumps over the lazy dog. " * 16)[:700]
     with pytest.warns(UserWarning, match="the text has 700 tokens, more than the 128 TransformerLM was built for"):
         path = ak.diagnostics.report(model, text, out=tmp_path / "long.html", doctor=False)

@@ -42,7 +42,7 @@ def _fan_in(module: nn.Module) -> int | None:
 
 def _n_layers(module: nn.Module) -> int:
     config = getattr(module, "config", None)
-    for attr in ("n_layers", "num_hidden_layers", "n_layer"):
+    for attr in ("num_layers", "num_hidden_layers", "n_layer"):
         value = getattr(config, attr, None)
         if isinstance(value, int) and value > 0:
             return value
@@ -68,7 +68,7 @@ def first_loss(subject, options) -> tuple[float, float] | None:
 
 @check("init", "initialisation",
        "Draw weights from normal(0, 0.02) (or ~1/sqrt(fan_in)), scale the residual output projections by "
-       "1/sqrt(2 * n_layers), and check the first loss is about log(vocab).", order=100)
+       "1/sqrt(2 * num_layers), and check the first loss is about log(vocab).", order=100)
 def init(subject, options) -> Outcome:
     if options.fresh is False:
         raise Skip(f"{options.not_fresh_because}: initialisation does not apply to loaded weights")

@@ -87,7 +87,7 @@ def _kv_heads_of(model: nn.Module, name: str, num_heads: int) -> int:
         if isinstance(value, int):
             return value
     config = getattr(model, "config", None)
-    value = getattr(config, "num_key_value_heads", None) or getattr(config, "n_kv_heads", None)
+    value = getattr(config, "num_key_value_heads", None) or getattr(config, "num_kv_heads", None)
     return value if isinstance(value, int) and num_heads % value == 0 else num_heads
 
 

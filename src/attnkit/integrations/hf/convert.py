@@ -148,7 +148,7 @@ def to_hf(model: TransformerLM, model_type: str):
 def _split_sizes(cfg: LMConfig, p: Param) -> list[int]:
     if len(p.hf) == 1:
         return []
-    H, Hkv, D = cfg.n_heads, cfg.n_kv_heads or cfg.n_heads, cfg.resolved_head_dim
+    H, Hkv, D = cfg.num_heads, cfg.num_kv_heads or cfg.num_heads, cfg.resolved_head_dim
     return [H * D, Hkv * D, Hkv * D]  # rows of q, k, v in qkv_proj
 
 

@@ -85,7 +85,7 @@ def _gpt2_config(c) -> dict:
     act = {"gelu_new": "gelu", "gelu_pytorch_tanh": "gelu", "gelu": "gelu_exact", "relu": "relu"}
     if c.activation_function not in act:
         raise _unsupported("gpt2", "activation_function", c.activation_function, f"attnkit has {sorted(act)}.")
-    return {"vocab_size": c.vocab_size, "dim": c.n_embd, "n_layers": c.n_layer, "n_heads": c.n_head,
+    return {"vocab_size": c.vocab_size, "embed_dim": c.n_embd, "num_layers": c.n_layer, "num_heads": c.n_head,
             "mlp_hidden": c.n_inner or 4 * c.n_embd, "max_seq_len": c.n_positions, "positions": "learned",
             "norm": "layernorm", "norm_eps": c.layer_norm_epsilon, "mlp": act[c.activation_function], "bias": True,
             "tie_embeddings": bool(c.tie_word_embeddings), "causal": True}
@@ -94,7 +94,7 @@ def _gpt2_config(c) -> dict:
 def _gpt2_params(cfg: LMConfig) -> list[Param]:
     out = [Param("embed.weight", ("wte.weight",)), Param("pos_embed.embedding.weight", ("wpe.weight",)),
            Param("norm.weight", ("ln_f.weight",)), Param("norm.bias", ("ln_f.bias",))]
-    for i in range(cfg.n_layers):
+    for i in range(cfg.num_layers):
         a, h = f"blocks.{i}.", f"h.{i}."
         out += [Param(a + "norm1.weight", (h + "ln_1.weight",)), Param(a + "norm1.bias", (h + "ln_1.bias",)),
                 Param(a + "attn.qkv_proj.weight", (h + "attn.c_attn.weight",), _t, _t),  # (3E, E): rows q, k, v
@@ -113,7 +113,7 @@ def _gpt2_hf_config(cfg: LMConfig, model_type: str):
     from transformers import GPT2Config
 
     act = {"gelu": "gelu_new", "gelu_exact": "gelu", "relu": "relu"}
-    return GPT2Config(vocab_size=cfg.vocab_size, n_embd=cfg.dim, n_layer=cfg.n_layers, n_head=cfg.n_heads,
+    return GPT2Config(vocab_size=cfg.vocab_size, n_embd=cfg.embed_dim, n_layer=cfg.num_layers, n_head=cfg.num_heads,
                       n_inner=cfg.resolved_mlp_hidden, n_positions=cfg.max_seq_len, layer_norm_epsilon=cfg.norm_eps,
                       activation_function=act[cfg.mlp], tie_word_embeddings=cfg.tie_embeddings,
                       resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
@@ -154,8 +154,8 @@ def _rope_config(c, model_type: str) -> dict:
     base, scaling = _rope_scaling(c, model_type)
     H = c.num_attention_heads
     head_dim = getattr(c, "head_dim", None) or c.hidden_size // H
-    return {"vocab_size": c.vocab_size, "dim": c.hidden_size, "n_layers": c.num_hidden_layers, "n_heads": H,
-            "n_kv_heads": c.num_key_value_heads or H, "head_dim": None if head_dim * H == c.hidden_size else head_dim,
+    return {"vocab_size": c.vocab_size, "embed_dim": c.hidden_size, "num_layers": c.num_hidden_layers, "num_heads": H,
+            "num_kv_heads": c.num_key_value_heads or H, "head_dim": None if head_dim * H == c.hidden_size else head_dim,
             "mlp_hidden": c.intermediate_size, "max_seq_len": c.max_position_embeddings, "positions": "rope",
             "rope_base": base, "rope_scaling": scaling, "norm": "rmsnorm", "norm_eps": c.rms_norm_eps,
             "mlp": "swiglu", "bias": False, "qkv_bias": True if qkv_bias else None,
@@ -178,7 +178,7 @@ def _windows(c, model_type: str):
 
 def _rope_params(cfg: LMConfig) -> list[Param]:
     out = [Param("embed.weight", ("embed_tokens.weight",)), Param("norm.weight", ("norm.weight",))]
-    for i in range(cfg.n_layers):
+    for i in range(cfg.num_layers):
         a, h = f"blocks.{i}.", f"layers.{i}."
         qkv = tuple(h + f"self_attn.{p}_proj.weight" for p in "qkv")
         out += [Param(a + "norm1.weight", (h + "input_layernorm.weight",)),
@@ -196,7 +196,7 @@ def _rope_params(cfg: LMConfig) -> list[Param]:
 def _rope_hf_config(cfg: LMConfig, model_type: str):
     import transformers as tf
 
-    windows = [cfg.layer_window(i) for i in range(cfg.n_layers)]
+    windows = [cfg.layer_window(i) for i in range(cfg.num_layers)]
     if model_type == "llama" and any(windows):
         raise AttnkitValueError(f"LLaMA has no sliding window but the model has windows {windows}; convert it "
                                 "as model_type='mistral' (every layer) or 'qwen2' (some layers).")
@@ -207,8 +207,8 @@ def _rope_hf_config(cfg: LMConfig, model_type: str):
         raise AttnkitValueError(f"rope_style={cfg.rope_style!r}: transformers rotates half-split pairs; convert the "
                                 "q/k rows with attnkit.positions.convert_rope_layout(..., to='half') first.")
     rope = {"rope_type": "default", "rope_theta": cfg.rope_base, **(cfg.rope_scaling or {})}
-    common = {"vocab_size": cfg.vocab_size, "hidden_size": cfg.dim, "num_hidden_layers": cfg.n_layers,
-              "num_attention_heads": cfg.n_heads, "num_key_value_heads": cfg.n_kv_heads or cfg.n_heads,
+    common = {"vocab_size": cfg.vocab_size, "hidden_size": cfg.embed_dim, "num_hidden_layers": cfg.num_layers,
+              "num_attention_heads": cfg.num_heads, "num_key_value_heads": cfg.num_kv_heads or cfg.num_heads,
               "head_dim": cfg.resolved_head_dim, "intermediate_size": cfg.resolved_mlp_hidden,
               "max_position_embeddings": cfg.max_seq_len, "rms_norm_eps": cfg.norm_eps, "rope_parameters": rope,
               "tie_word_embeddings": cfg.tie_embeddings, "attention_dropout": 0.0}
@@ -240,8 +240,8 @@ def _bert_config(c) -> dict:
     act = {"gelu": "gelu_exact", "gelu_new": "gelu", "relu": "relu"}
     if c.hidden_act not in act:
         raise _unsupported("bert", "hidden_act", c.hidden_act, f"attnkit has {sorted(act)}.")
-    return {"vocab_size": c.vocab_size, "dim": c.hidden_size, "n_layers": c.num_hidden_layers,
-            "n_heads": c.num_attention_heads, "mlp_hidden": c.intermediate_size,
+    return {"vocab_size": c.vocab_size, "embed_dim": c.hidden_size, "num_layers": c.num_hidden_layers,
+            "num_heads": c.num_attention_heads, "mlp_hidden": c.intermediate_size,
             "max_seq_len": c.max_position_embeddings, "positions": "learned", "norm": "layernorm",
             "norm_eps": c.layer_norm_eps, "mlp": act[c.hidden_act], "bias": True, "post_norm": True,
             "type_vocab_size": c.type_vocab_size, "embed_norm": True, "causal": False, "tie_embeddings": True}
@@ -251,8 +251,8 @@ def _bert_hf_config(cfg: LMConfig, model_type: str):
     import transformers as tf
 
     act = {"gelu_exact": "gelu", "gelu": "gelu_new", "relu": "relu"}
-    return tf.BertConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.dim, num_hidden_layers=cfg.n_layers,
-                         num_attention_heads=cfg.n_heads, intermediate_size=cfg.resolved_mlp_hidden,
+    return tf.BertConfig(vocab_size=cfg.vocab_size, hidden_size=cfg.embed_dim, num_hidden_layers=cfg.num_layers,
+                         num_attention_heads=cfg.num_heads, intermediate_size=cfg.resolved_mlp_hidden,
                          max_position_embeddings=cfg.max_seq_len, type_vocab_size=cfg.type_vocab_size,
                          layer_norm_eps=cfg.norm_eps, hidden_act=act[cfg.mlp], hidden_dropout_prob=0.0,
                          attention_probs_dropout_prob=0.0)
@@ -264,7 +264,7 @@ def _bert_params(cfg: LMConfig) -> list[Param]:
            Param("pos_embed.embedding.weight", (e + "position_embeddings.weight",)),
            Param("type_embed.weight", (e + "token_type_embeddings.weight",)),
            Param("embed_norm.weight", (e + "LayerNorm.weight",)), Param("embed_norm.bias", (e + "LayerNorm.bias",))]
-    for i in range(cfg.n_layers):
+    for i in range(cfg.num_layers):
         a, h = f"blocks.{i}.", f"encoder.layer.{i}."
         for kind in ("weight", "bias"):
             out += [Param(a + f"attn.qkv_proj.{kind}", tuple(h + f"attention.self.{p}.{kind}"
@@ -289,11 +289,11 @@ def register_family(family: Family) -> None:
 _PLAIN = (("attention", ("softmax",)), ("qk_norm", (False,)), ("type_vocab_size", (0,)), ("embed_norm", (False,)),
           ("post_norm", (False,)), ("causal", (True,)))  # what every decoder family here needs
 _GPT2_NEEDS = (*_PLAIN, ("positions", ("learned",)), ("norm", ("layernorm",)), ("mlp", ("gelu", "gelu_exact", "relu")),
-               ("bias", (True,)), ("n_kv_heads", (None,)), ("window", (None,)), ("head_dim", (None,)))
+               ("bias", (True,)), ("num_kv_heads", (None,)), ("window", (None,)), ("head_dim", (None,)))
 _ROPE_NEEDS = (*_PLAIN, ("positions", ("rope",)), ("norm", ("rmsnorm",)), ("mlp", ("swiglu",)), ("bias", (False,)))
 _BERT_NEEDS = (("attention", ("softmax",)), ("qk_norm", (False,)), ("causal", (False,)), ("post_norm", (True,)),
                ("embed_norm", (True,)), ("positions", ("learned",)), ("norm", ("layernorm",)), ("bias", (True,)),
-               ("mlp", ("gelu", "gelu_exact", "relu")), ("n_kv_heads", (None,)), ("window", (None,)),
+               ("mlp", ("gelu", "gelu_exact", "relu")), ("num_kv_heads", (None,)), ("window", (None,)),
                ("head_dim", (None,)))
 
 register_family(Family(("gpt2",), _gpt2_config, _gpt2_params, "GPT2LMHeadModel", _gpt2_hf_config, "transformer.",
