@@ -29,7 +29,7 @@ def test_rules(tmp_path):
     theirs = tmp_path / "theirs.txt"
     theirs.write_text("precious")
     with pytest.raises(AttnkitValueError, match="exists and is not an attnkit thing; pick another out, or pass "
-                                                r"overwrite=True \(--overwrite\)"):
+                                                r"overwrite=True to replace it\.$"):
         _files.check_out(theirs, KIND)
     assert _files.check_out(theirs, KIND, overwrite=True) == theirs
     (tmp_path / "link.txt").symlink_to(theirs)

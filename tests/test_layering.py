@@ -8,6 +8,7 @@ may import a part of its own level or a lower one. A new top-level part must be 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -108,22 +109,51 @@ def test_imports_go_down(path):
         "\nMove the shared code down a level (or pass it in: e.g. the CLI hands the trainer a monitor callback).")
 
 
-def _run_file_names(path: Path) -> list[tuple[int, str]]:
-    """String constants in ``path`` (docstrings aside) that are exactly a run folder's file name."""
+def _strings(path: Path) -> list[tuple[int, str]]:
+    """``(line, text)`` of the string constants in ``path`` (f-strings' literal parts too), docstrings aside."""
     tree = ast.parse(path.read_text(), filename=str(path))
     docstrings = {id(node.body[0].value) for node in ast.walk(tree)
                   if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body
                   and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
     return [(node.lineno, node.value) for node in ast.walk(tree) if isinstance(node, ast.Constant)
-            and isinstance(node.value, str) and node.value in RUN_FILE_NAMES and id(node) not in docstrings]
+            and isinstance(node.value, str) and id(node) not in docstrings]
 
 
-@pytest.mark.parametrize("path", [f for f in FILES if _part(_module_name(f)) not in RUN_FILE_OWNERS],
-                         ids=lambda p: str(p.relative_to(SRC)))
-def test_only_runs_names_a_run_folders_files(path):
-    found = _run_file_names(path)
-    assert not found, (f"{_module_name(path)} names a run folder's files itself: {found}; read and write run folders "
-                       "through attnkit.runs (its constants, its reader and writers)")
+def _run_file_names(path: Path) -> list[tuple[int, str]]:
+    """String constants in ``path`` (docstrings aside) that are exactly a run folder's file name."""
+    return [(line, text) for line, text in _strings(path) if text in RUN_FILE_NAMES]
+
+
+def _flag_names(path: Path) -> list[tuple[int, str]]:
+    """String constants in ``path`` (docstrings and comments aside) that begin with a command-line flag."""
+    return [(line, text) for line, text in _strings(path)
+            if re.match(r"--[A-Za-z][A-Za-z-]", text)]  # a flag's name is 2+ letters: "--s" is a matplotlib style
+
+
+def test_the_flag_check_can_fail(tmp_path):
+    fake = tmp_path / "fake.py"
+    fake.write_text('"""--run-dir in a docstring is fine."""\n# --out in a comment too\nA = "--"\n'
+                    'B = f"--device {A}: no"\nC = "pass --overwrite"\nS = "--s"\n')
+    assert _flag_names(fake) == [(4, "--device ")]
+
+
+#: strings only some parts may spell: {what: (finder, the parts that may, the fix)}. Issue 20 item 4: the library
+#: names its Python arguments (``run_dir=``) and cli/flags.py translates them to flags
+OWNED_STRINGS = {
+    "a run folder's files": (_run_file_names, RUN_FILE_OWNERS, "read and write run folders through attnkit.runs "
+                                                               "(its constants, its reader and writers)"),
+    "command-line flags": (_flag_names, ("cli", "bench"), "name the Python argument (run_dir=, overwrite=True) and "
+                                                          "let attnkit.cli.flags translate it"),
+}
+
+
+@pytest.mark.parametrize("what, path", [(what, f) for what, (_, owners, _) in OWNED_STRINGS.items()
+                                        for f in FILES if _part(_module_name(f)) not in owners],
+                         ids=lambda v: str(v.relative_to(SRC)) if isinstance(v, Path) else v.replace(" ", "-"))
+def test_only_the_owners_spell_their_strings(what, path):
+    find, _, fix = OWNED_STRINGS[what]
+    found = find(path)
+    assert not found, f"{_module_name(path)} names {what} itself: {found}; {fix}"
 
 
 def test_the_file_name_check_can_fail(tmp_path):

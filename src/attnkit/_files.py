@@ -100,13 +100,13 @@ def check_out(out: str | Path, kind: OutputKind, overwrite: bool = False, *, opt
             return out  # write_atomic renames the file over the link itself; its target is never opened
         raise AttnkitValueError(f"{option} {str(out)!r} is a symbolic link (to {os.readlink(out)!r}); the {kind.name} "
                                 "is never written through a link: remove it, pick another out, or pass overwrite=True "
-                                "(--overwrite) to replace the link itself (its target is left untouched).")
+                                "to replace the link itself (its target is left untouched).")
     if not stat.S_ISREG(st.st_mode):
         raise AttnkitValueError(f"{option} {str(out)!r} is {_file_type(st.st_mode)}, not a regular file; the "
                                 f"{kind.name} is written only to a regular file: pick another {option}.")
     if not overwrite and not is_ours(out, kind):
         raise AttnkitValueError(f"{option} {str(out)!r} exists and is not an attnkit {kind.name}; pick another "
-                                f"{option}, or pass overwrite=True (--overwrite) to replace it.")
+                                f"{option}, or pass overwrite=True to replace it.")
     return out
 
 

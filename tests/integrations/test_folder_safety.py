@@ -96,7 +96,7 @@ def test_convert_says_the_tokenizer_is_missing(tmp_path, capsys):
     folder = _hf_folder(tmp_path / "hf", tokenizer=False)
     assert main(["convert", "--hf", str(folder), "--out", str(tmp_path / "run")]) == 0
     out = " ".join(capsys.readouterr().out.split())
-    assert f"note: {folder} has no tokenizer files, so the run has none" in out and "generate --ids" in out
+    assert f"note: {folder} has no tokenizer files, so the run has none" in out and "need token ids" in out
 
 
 def test_a_converted_model_with_a_257_token_vocabulary_never_speaks_bytes(tmp_path, capsys):

@@ -159,7 +159,7 @@ def test_speed_claims_are_not_measured_below_the_size_that_times_the_work():
         quick = claim.verdict(timings([64, 128], 0.5))
         assert quick["verdict"] == "not measured", quick
         assert quick["measured"] == ("not measured (speed not measured at this size: the longest timed length 128 < "
-                                     "1024; run the default size (without --quick))")
+                                     "1024; run the default size (not the quick one))")
         assert claim.verdict(timings([256, 4096], 1.0))["verdict"] == FAILS  # judged, and can fail, at full size
     assert speed[1].verdict(timings([256, 4096], 0.5))["verdict"] == HOLDS
     step = next(c for c in heads.CLAIMS if "time" in c.claim)
@@ -205,5 +205,5 @@ def test_out_is_never_a_users_folder(tmp_path, capsys):
     assert check_out_folder(other, "heads") == other  # an earlier output of the same lab
     assert check_out_folder(mine, "heads", overwrite=True) == mine
     (tmp_path / "file").write_text("x")
-    with pytest.raises(AttnkitValueError, match="--out '.*file' is a file; pass a folder"):
+    with pytest.raises(AttnkitValueError, match="^out='.*file' is a file; pass a folder"):
         check_out_folder(tmp_path / "file", "heads")

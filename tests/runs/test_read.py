@@ -69,7 +69,7 @@ def test_a_run_folder_is_told_from_a_hugging_face_folder(run, tmp_path):
     starting.mkdir()
     (starting / "config.json").write_text((folder / "config.json").read_text())
     assert io.is_run_folder(starting)
-    with pytest.raises(io.CheckpointError, match="no checkpoint found in .*starting'.*train with `attnkit train"):
+    with pytest.raises(io.CheckpointError, match=r"no checkpoint found in .*starting'.*train one there first \(run_dir=\)"):
         io.load_model(starting)
 
 

@@ -51,7 +51,7 @@ def test_a_run_folder_read_while_pruned_gives_its_newest_checkpoint(pruned_while
 def test_the_checkpoint_itself_read_while_pruned_says_what_happened(pruned_while_read):
     run, newest = pruned_while_read
     with pytest.raises(read.CheckpointGone, match=rf"checkpoint '{newest}' was removed while it was read: the run is "
-                                                  r"still training and keeps only its newest checkpoints \(--keep\); "
+                                                  r"still training and keeps only its newest checkpoints \(keep=\); "
                                                   rf"read the newest, {run}/checkpoints/step_00000004"):
         read.load_model(newest)
 

@@ -96,7 +96,7 @@ def test_a_foreign_runs_checkpoint_is_not_adopted(run, tmp_path):
     copy = _copy(run, tmp_path)
     shutil.copytree(ckpt.resolve(other), copy / "checkpoints" / "step_00000012")
     with pytest.raises(ckpt.CheckpointError, match=r"belongs to another run \(run_id '[0-9a-f]{32}', this run folder "
-                                                   r"is '[0-9a-f]{32}'\).*--init-from"):
+                                                   r"is '[0-9a-f]{32}'\).*init_from="):
         load_model(copy)
     with pytest.raises(ckpt.CheckpointError, match="belongs to another run"):
         train(small_config(copy), resume=copy, log=_quiet)
@@ -193,7 +193,7 @@ def test_without_config_json_a_foreign_checkpoint_is_still_not_adopted(run, tmp_
     (copy / "config.json").unlink()
     with pytest.raises(ckpt.CheckpointError, match=r"has no readable config.json and its checkpoints belong to "
                                                    r"different runs \(this one '[0-9a-f]{32}', step_00000004 "
-                                                   r"'[0-9a-f]{32}', step_00000008 '[0-9a-f]{32}'\).*--init-from"):
+                                                   r"'[0-9a-f]{32}', step_00000008 '[0-9a-f]{32}'\).*init_from="):
         load_model(copy)
     with pytest.raises(ckpt.CheckpointError, match="belong to different runs"):
         train(small_config(copy, steps=14), resume=copy, given={"steps"}, log=_quiet)

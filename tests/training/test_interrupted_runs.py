@@ -30,9 +30,9 @@ def test_a_run_stopped_before_its_first_checkpoint_is_not_replaced_without_overw
     run = _copy(trained, tmp_path)
     shutil.rmtree(run / "checkpoints")  # what a kill before the first checkpoint leaves: config.json, metrics.jsonl
     before = {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()}
-    with pytest.raises(RunFolderError, match=r"--run-dir '.*run' holds a run that has no checkpoint \(its config.json, "
+    with pytest.raises(RunFolderError, match=r"run_dir='.*run' holds a run that has no checkpoint \(its config.json, "
                                              r"metrics.jsonl, loss.png: it was stopped before its first checkpoint\); "
-                                             r"pick another --run-dir, or pass --overwrite"):
+                                             r"pick another run_dir=, or pass overwrite=True"):
         train(small_config(run, steps=4), log=_quiet)
     assert {p.name: p.read_bytes() for p in run.iterdir() if p.is_file()} == before
     assert main(["train", "--run-dir", str(run), "--steps", "2"]) == 2  # the same refusal on the command line
@@ -70,7 +70,7 @@ def test_readers_name_the_set_aside_run_and_how_to_restore_it(trained, tmp_path,
     err = " ".join(capsys.readouterr().err.split())
     assert f"no checkpoint found in '{run}': the run that was here is intact in '{aside}' (newest checkpoint " \
            "step_00000008)" in err
-    assert f"`attnkit train --resume {run}` puts it back and continues it" in err
+    assert f"training again with --resume {str(run)!r} puts it back and continues it" in err
 
 
 def test_resume_puts_the_set_aside_run_back_and_continues_it(trained, tmp_path):

@@ -181,7 +181,7 @@ def test_batch_must_split_over_ranks(tmp_path, monkeypatch):
 def test_fresh_run_refuses_a_folder_with_checkpoints_unless_overwrite(tmp_path):
     quiet = {"log": lambda *a: None}
     train(small_config(tmp_path, steps=8, ckpt_every=4), **quiet)
-    with pytest.raises(AttnkitValueError, match="already holds checkpoints; continue it with --resume"):
+    with pytest.raises(AttnkitValueError, match="already holds checkpoints; continue it with resume="):
         train(small_config(tmp_path, steps=4), **quiet)
     train(small_config(tmp_path, steps=4, ckpt_every=2, overwrite=True), **quiet)
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_00000002", "step_00000004"]

@@ -68,7 +68,7 @@ def test_cli_flag_mistakes_exit_2_with_the_message_alone(tmp_path, flags, words)
 def test_device_cuda_without_cuda_is_a_typed_error_and_writes_nothing(tmp_path):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA: the refusal is for machines without it")
-    with pytest.raises(EnvironmentUnsupportedError, match=r"--device cuda: CUDA is not available here .*--device cpu"):
+    with pytest.raises(EnvironmentUnsupportedError, match=r"device='cuda': CUDA is not available here .*device='cpu'"):
         train(small_config(tmp_path / "run", device="cuda"), log=_quiet)
     assert not (tmp_path / "run").exists()
     assert main(["train", "--run-dir", str(tmp_path / "cli"), "--device", "cuda", "--steps", "2"]) == 2
@@ -183,7 +183,7 @@ def test_a_non_empty_folder_that_is_not_a_run_is_refused_unless_overwrite(tmp_pa
         assert (folder / "config.json").read_text() == '{"model_type": "gpt2"}'
         assert sorted(p.name for p in folder.iterdir()) == ["config.json", "model.safetensors"]
     (folder / "config.json").rename(folder / "notes.json")  # other files only: --overwrite mixes the run in
-    with pytest.raises(RunFolderError, match=r"is not empty and is not an attnkit run.*pass --overwrite"):
+    with pytest.raises(RunFolderError, match=r"is not empty and is not an attnkit run.*pass overwrite=True"):
         train(small_config(folder, steps=2), log=_quiet)
     train(small_config(folder, steps=2, ckpt_every=2, overwrite=True), log=_quiet)
     assert (folder / "model.safetensors").read_bytes() == b"weights"
@@ -293,8 +293,8 @@ def test_generate_errors_name_the_value_and_the_limit(tmp_path, capsys):
     assert main(["generate", "--checkpoint", str(run), "--prompt", "def ", "--max-new-tokens", str(limit),
                  "--cache", "static"]) == 2
     err = capsys.readouterr()
-    assert (f"max_new_tokens={limit} with a prompt of 4 tokens needs {limit + 4} positions, but the model's learned "
-            f"positions hold {limit}; pass max_new_tokens={limit - 4} or less") in err.err
+    assert (f"--max-new-tokens {limit} with a prompt of 4 tokens needs {limit + 4} positions, but the model's "
+            f"learned positions hold {limit}; pass --max-new-tokens {limit - 4} or less") in err.err
     assert err.out == ""  # refused before any text was printed
 
 

@@ -18,6 +18,7 @@ import sys
 import warnings
 
 from attnkit._progress import progress
+from attnkit.cli.flags import as_typed
 
 
 def add_parser(sub) -> None:
@@ -118,7 +119,7 @@ def _length_warnings():
         yield
     for warning in caught:
         if issubclass(warning.category, LengthWarning):
-            text = str(warning.message).replace("max_new_tokens=", "--max-new-tokens ")  # the flag as typed
+            text = as_typed(str(warning.message), "generate")  # the flags as typed
             print(f"attnkit generate: warning: {text}", file=sys.stderr)
         else:
             warnings.showwarning(warning.message, warning.category, warning.filename, warning.lineno)

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import attnkit.cli as _package
+from attnkit.cli.flags import as_typed
 from attnkit.errors import AttnkitError
 from attnkit.training.interrupt import TrainingInterrupted
 
@@ -93,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
     except AttnkitError as exc:  # a user error: the typed message (it names the value and the fix) alone
         if debug:
             raise
-        print(f"attnkit {args.command}: error: {exc}", file=sys.stderr)
+        print(f"attnkit {args.command}: error: {as_typed(str(exc), args.command)}", file=sys.stderr)
         print("(run again with --debug for the traceback)", file=sys.stderr)
         return 2
 

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from attnkit.cli.flags import as_typed
+
 DEFAULT_TEXT = "The quick brown fox jumps over the lazy dog. The dog sleeps."
 
 
@@ -86,7 +88,7 @@ def run(args) -> int:
                   metrics=metrics, title=title, dense_max=args.dense_max, top_k=args.top_k, max_tokens=max_tokens,
                   compare=compare, names=(args.target, args.compare or "compare"), head_importance=importance)
     done = time.perf_counter()
-    print(f"shown: {shown(ids.shape[1], args.dense_max, args.top_k)}")
+    print(f"shown: {as_typed(shown(ids.shape[1], args.dense_max, args.top_k))}")
     print(f"time: {done - start:.1f} s (loading {loaded - start:.1f} s, "
           + (f"doctor {doctor_s:.1f} s (--no-doctor leaves it out), " if doctor else "")
           + (f"compare and heads {extra_s:.1f} s, " if extra_s else "")

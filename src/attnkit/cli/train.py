@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 
+from attnkit.cli import flags
 from attnkit.errors import AttnkitValueError
 from attnkit.models.builders import PRESETS
 from attnkit.training.config import TrainConfig
@@ -94,7 +95,7 @@ def flag(name: str) -> str:
     """The flag that sets the TrainConfig / LMConfig field (or the ``train`` argument) ``name``: how the trainer's
     messages name it on the command line (``num_kv_heads`` -> ``--kv-heads``, ``init_from`` -> ``--init-from``)."""
     dest = {field: dest for dest, field in {**FIELDS, **MODEL_FLAGS}.items()}.get(name, name)
-    return "--" + dest.replace("_", "-")
+    return flags.flag(dest)
 
 
 def given_settings(args) -> set[str]:

@@ -132,7 +132,7 @@ def monitor_hook(every: int = 100, *, thresholds: HealthThresholds | None = None
     at step 1 and every ``every`` steps it measures attention health on the first validation row (its documents
     and positions kept) and adds ``record["attention"] = {layer: {"verdicts", "max_logit", metrics...}}`` to the
     step's metrics.jsonl record, which ``attnkit report`` draws."""
-    positive_int(every, "monitor every", "the steps between checks, e.g. --monitor 100.")
+    positive_int(every, "monitor every", "the steps between checks, e.g. monitor=100.")
     state: dict = {}
 
     def hook(trainer, record: dict) -> None:

@@ -159,7 +159,7 @@ def check_model(model: torch.nn.Module) -> None:
     if getattr(model, "gradient_checkpointing", False):
         raise BackendUnsupportedError(
             "context parallelism with gradient checkpointing: the recomputed forward runs in backward, outside "
-            "the sharded() scope; train with context_parallel=1 or without --grad-checkpointing.")
+            "the sharded() scope; train with context_parallel=1 or grad_checkpointing=False.")
     found = [name for name, m in model.named_modules() if isinstance(m, LinearAttention)]
     if found:
         raise BackendUnsupportedError(

@@ -48,4 +48,4 @@ def check_tokenizer(folder: Path) -> None:
                 f"the tokenizer in {str(folder)!r} asks to run the folder's own Python code ({name} has auto_map "
                 f"{sorted(raw['auto_map']) if isinstance(raw['auto_map'], dict) else raw['auto_map']!r}); attnkit never "
                 "runs a model folder's code. Load the tokenizer in your own Python session after reviewing the code, "
-                "or pass token ids (attnkit generate --ids).")
+                "or pass token ids instead of text.")

@@ -62,7 +62,7 @@ def run_lab(name: str, *, quick: bool = False, out: str | Path | None = None, se
     cpus = os.cpu_count() or 1
     if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= cpus:
         raise AttnkitValueError(f"threads must be an int from 1 to this machine's {cpus} CPUs, got {threads!r}; "
-                                "pass --threads 1 (the default) or up to the number of cores.")
+                                "pass threads=1 (the default) or up to the number of cores.")
     spec = get_lab(name)
     size = "quick" if quick else "default"
     out = check_out_folder(Path(out) if out is not None else Path("runs") / "labs" / name, name, overwrite)

@@ -87,7 +87,7 @@ def timed_at_size(value: int, smallest: int, what: str) -> int:
     measured" (never "does not hold" on a timing of overhead, as ``--quick`` sizes would give)."""
     if value < smallest:
         raise ValueError(f"speed not measured at this size: {what} {value} < {smallest}; run the default size "
-                         "(without --quick)")
+                         "(not the quick one)")
     return value
 
 
@@ -147,14 +147,14 @@ def check_out_folder(out: Path, name: str, overwrite: bool = False) -> Path:
     error naming the folder, what it holds and the fix; ``overwrite`` allows any folder (nothing is deleted: the
     lab's files are written over, other files stay)."""
     if out.exists() and not out.is_dir():
-        raise AttnkitValueError(f"--out {str(out)!r} is a file; pass a folder (absent, empty, or an earlier output "
+        raise AttnkitValueError(f"out={str(out)!r} is a file; pass a folder (absent, empty, or an earlier output "
                                 f"of lab {name!r}).")
     if overwrite or not out.is_dir() or not any(out.iterdir()):
         return out
     why = not_a_lab_output(out, name)
     if why is not None:
-        raise AttnkitValueError(f"--out {str(out)!r} is not empty and is not an earlier output of lab {name!r}: {why}; "
-                                "pick an empty or new --out, or pass --overwrite (overwrite=True) to write the lab's "
+        raise AttnkitValueError(f"out={str(out)!r} is not empty and is not an earlier output of lab {name!r}: {why}; "
+                                "pick an empty or new out=, or pass overwrite=True to write the lab's "
                                 "files into it anyway (nothing else there is deleted).")
     return out
 

@@ -158,7 +158,7 @@ def _check_length(model, prompts, max_new_tokens: int) -> None:
         raise AttnkitValueError(
             f"max_new_tokens={max_new_tokens} with a prompt of {longest} tokens needs {longest + max_new_tokens} "
             f"positions, but the model's learned positions hold {limit}; pass max_new_tokens="
-            f"{max(limit - longest, 0)} or less (--max-new-tokens on the command line).")
+            f"{max(limit - longest, 0)} or less.")
     config = getattr(model, "config", None)
     trained = getattr(config, "max_seq_len", None)
     if isinstance(trained, int) and longest + max_new_tokens > trained:

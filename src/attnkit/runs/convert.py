@@ -27,12 +27,12 @@ def convert_folder(path: str | Path, out: str | Path, *, dtype: torch.dtype | No
     ``hf-*-tiny`` (random weights from the caller's torch RNG); an attnkit run, checkpoint or preset is refused.
     A folder without ``config.json`` is refused at once, before transformers is imported."""
     if str(path) not in HF_TINY and not (Path(path) / "config.json").is_file() and not is_checkpoint_or_run(path):
-        raise AttnkitValueError(f"--hf {str(path)!r} is not a Hugging Face model folder (" + (
+        raise AttnkitValueError(f"path={str(path)!r} is not a Hugging Face model folder (" + (
             "it does not exist" if not Path(path).exists() else "no config.json") + "); pass the folder "
             "from_pretrained loads (config.json and the weights), e.g. one written by save_pretrained, or hf-*-tiny.")
     where = locate(str(path))
     if where.kind not in ("hf-folder", "hf-tiny"):
-        raise AttnkitValueError(f"--hf {str(path)!r} is an attnkit {where.kind}, not a Hugging Face model; convert "
+        raise AttnkitValueError(f"path={str(path)!r} is an attnkit {where.kind}, not a Hugging Face model; convert "
                                 "takes a Hugging Face folder (config.json + weights) or hf-*-tiny (an attnkit run "
                                 "needs no converting: pass it to generate, doctor or export as it is).")
     log(f"convert: loading {path} with transformers")  # progress: each phase says itself (the load takes longest)
@@ -53,8 +53,8 @@ def convert_folder(path: str | Path, out: str | Path, *, dtype: torch.dtype | No
     tokenizer = None if where.path is None else folder_tokenizer(where.path)
     if tokenizer is None:
         log(f"note: {path} has no tokenizer files, so the run has none: `attnkit generate` and the report need "
-            "token ids (generate --ids); copy the model's tokenizer files into the folder and convert again to keep it")
-    folder = RunFolder(out, log=log, option="--out")
+            "token ids; copy the model's tokenizer files into the folder and convert again to keep it")
+    folder = RunFolder(out, log=log, option="out")
     folder.check_fresh(overwrite)  # before creating anything (a refused folder is left exactly as it was)
     folder.acquire()
     try:

@@ -45,9 +45,9 @@ class RunFolderError(AttnkitValueError):
 class RunFolder:
     """The lock and the replace-only-after-success bookkeeping of one run folder (rank 0 only)."""
 
-    def __init__(self, path: str | Path, *, log=print, option: str = "--run-dir"):
+    def __init__(self, path: str | Path, *, log=print, option: str = "run_dir"):
         self.path, self.log, self._fd, self._aside = Path(path), log, None, None
-        self.option = option  # how the command that writes the folder names it, for the messages
+        self.option = option  # the argument that named the folder (run_dir, out), for the messages
 
     # ---------------------------------------------------------------------------------------------- lock
     def acquire(self) -> RunFolder:
@@ -55,7 +55,7 @@ class RunFolder:
         import fcntl
 
         if self.path.exists() and not self.path.is_dir():
-            raise RunFolderError(f"run_dir {str(self.path)!r} is a file, not a folder; pick another --run-dir.")
+            raise RunFolderError(f"run_dir {str(self.path)!r} is a file, not a folder; pick another run_dir=.")
         with writing(self.path / LOCK):  # a read-only folder: a typed error naming it
             self.path.mkdir(parents=True, exist_ok=True)
             fd = self._open_lock()
@@ -66,7 +66,7 @@ class RunFolder:
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
                 raise RunInUseError(f"run folder {str(self.path)!r} is in use by {holder} (it is still training); wait "
-                                    "for it to finish or stop it, or pick another --run-dir.") from exc
+                                    "for it to finish or stop it, or pick another run_dir=.") from exc
             raise
         os.ftruncate(fd, 0)
         os.write(fd, f"pid {os.getpid()}\n".encode())
@@ -107,10 +107,10 @@ class RunFolder:
             return  # nothing there yet (acquire refuses a file)
         if ckpt.list_checkpoints(self.path):
             if not overwrite:
-                resume = f"continue it with --resume {self.path}, " if self.option == "--run-dir" else ""
+                resume = f"continue it with resume={str(self.path)!r}, " if self.option == "run_dir" else ""
                 raise RunFolderError(
-                    f"{self.option} {str(self.path)!r} already holds checkpoints; {resume}pick another {self.option}, "
-                    "or pass --overwrite to replace it (the old run is kept until the new one has written its first "
+                    f"{self.option}={str(self.path)!r} already holds checkpoints; {resume}pick another {self.option}=, "
+                    "or pass overwrite=True to replace it (the old run is kept until the new one has written its first "
                     "checkpoint).")
             return
         others = sorted(p.name for p in self.path.iterdir() if p.name not in (LOCK, ASIDE))
@@ -120,19 +120,19 @@ class RunFolder:
             if overwrite:
                 return
             raise RunFolderError(
-                f"{self.option} {str(self.path)!r} holds a run that has no checkpoint (its "
+                f"{self.option}={str(self.path)!r} holds a run that has no checkpoint (its "
                 f"{', '.join(n for n in OUTPUTS if n in others)}: it was stopped before its first checkpoint); pick "
-                f"another {self.option}, or pass --overwrite to replace it.")
+                f"another {self.option}=, or pass overwrite=True to replace it.")
         foreign = [n for n in OUTPUTS if n in others]
         if foreign:  # a Hugging Face model folder (config.json, tokenizer/): never moved, even with --overwrite
             raise RunFolderError(
-                f"{self.option} {str(self.path)!r} is not an attnkit run and holds {foreign} (it holds {others[:5]}: a "
-                f"Hugging Face model folder, or another program's files) that a run would replace; --overwrite replaces "
-                f"only an attnkit run's files: pick an empty or new {self.option}.")
+                f"{self.option}={str(self.path)!r} is not an attnkit run and holds {foreign} (it holds {others[:5]}: a "
+                f"Hugging Face model folder, or another program's files) that a run would replace; overwrite=True replaces "
+                f"only an attnkit run's files: pick an empty or new {self.option}=.")
         if not overwrite:
             raise RunFolderError(
-                f"{self.option} {str(self.path)!r} is not empty and is not an attnkit run (it holds {others[:5]}); a "
-                f"new run would mix its files in: pick an empty or new {self.option}, or pass --overwrite.")
+                f"{self.option}={str(self.path)!r} is not empty and is not an attnkit run (it holds {others[:5]}); a "
+                f"new run would mix its files in: pick an empty or new {self.option}=, or pass overwrite=True.")
 
     def set_aside(self) -> None:
         """Move the outputs an old run left into ``.replaced/`` (restored if the new run fails early)."""
@@ -146,7 +146,7 @@ class RunFolder:
         for name in present:
             os.replace(self.path / name, aside / name)
         self._aside = aside
-        self.log(f"--overwrite: the previous run's {', '.join(present)} moved to {aside} until the new run's first "
+        self.log(f"replacing the previous run: its {', '.join(present)} moved to {aside} until the new run's first "
                  "checkpoint")
 
     def committed(self) -> None:
@@ -195,4 +195,4 @@ class RunFolder:
             shutil.rmtree(aside, ignore_errors=True)
         else:
             self._restore(aside)
-            self.log(f"restored the run that an interrupted --overwrite had set aside in {aside}")
+            self.log(f"restored the run that an interrupted replacement had set aside in {aside}")

@@ -134,8 +134,7 @@ def resolve(path: str | Path) -> Path:
     found = list_checkpoints(path)
     if not found:
         raise CheckpointError(f"no checkpoint found in {str(path)!r}: " + (set_aside_note(path) or (
-            "expected a run folder with checkpoints/step_* or a checkpoint folder; train with `attnkit train "
-            "--run-dir DIR` first.")))
+            "expected a run folder with checkpoints/step_* or a checkpoint folder; train one there first (run_dir=).")))
     return found[-1]
 
 
@@ -157,10 +156,10 @@ def set_aside_note(path: str | Path) -> str | None:
     kept = list_checkpoints(aside)
     if not kept:
         return None
-    return (f"the run that was here is intact in {str(aside)!r} (newest checkpoint {kept[-1].name}), set aside by an "
-            f"`attnkit train --overwrite` that was stopped before its first checkpoint; `attnkit train --resume "
-            f"{path}` puts it back and continues it (so does any `attnkit train` in this folder), or read it where it "
-            f"is ({aside}).")
+    return (f"the run that was here is intact in {str(aside)!r} (newest checkpoint {kept[-1].name}), set aside by a "
+            f"training run with overwrite=True that was stopped before its first checkpoint; training again with "
+            f"resume={str(path)!r} puts it back and continues it (so does any new training run in this folder), or "
+            f"read it where it is ({aside}).")
 
 
 def run_folder_of(ckpt: Path, named: str | Path | None = None, *, fix: str = "resume the run folder it belongs "
@@ -199,7 +198,7 @@ def read_verified(ckpt: str | Path, keep: tuple[str, ...] = ()) -> tuple[dict, d
         pruned = isinstance(exc, FileNotFoundError) and newest and newest[-1].name > ckpt.name
         if not ckpt.is_dir() or pruned:  # it was there when named: the run training there pruned it meanwhile
             raise CheckpointGone(f"checkpoint {str(ckpt)!r} was removed while it was read: the run is still training "
-                                 "and keeps only its newest checkpoints (--keep); "
+                                 "and keeps only its newest checkpoints (keep=); "
                                  + (f"read the newest, {newest[-1]}, or the run folder {str(ckpt.parent.parent)!r}."
                                     if newest else "read the run folder once it has written its next one.")) from exc
         raise CheckpointError(f"checkpoint {str(ckpt)!r}: {problem}; {hint}") from exc
@@ -263,7 +262,7 @@ def _check_run_identity(ckpt: Path, state: dict, fail) -> None:
     if expected is not None:
         if state.get("run_id") != expected:
             fail(f"belongs to another run (run_id {state.get('run_id')!r}, this run folder is {expected!r}); a "
-                 "checkpoint copied in from elsewhere is never adopted - start a new run from it with --init-from")
+                 "checkpoint copied in from elsewhere is never adopted - start a new run from it with init_from=")
         return
     others = {}
     for sibling in list_checkpoints(run):
@@ -277,7 +276,7 @@ def _check_run_identity(ckpt: Path, state: dict, fail) -> None:
     if others:
         fail(f"the run folder has no readable {RUN_CONFIG} and its checkpoints belong to different runs (this one "
              f"{state.get('run_id')!r}, {', '.join(f'{n} {i!r}' for n, i in sorted(others.items()))}); a checkpoint "
-             "copied in from elsewhere is never adopted - start a new run from it with --init-from")
+             "copied in from elsewhere is never adopted - start a new run from it with init_from=")
 
 
 # ------------------------------------------------------------------------------------------------ loading

@@ -145,8 +145,7 @@ def _runs_near(path: Path, limit: int = 8) -> str:
             continue
         seen += [str(child) for child in children if is_checkpoint_or_run(child) and str(child) not in seen]
     if not seen:
-        return (f"No run folder in runs/ or in {str(path.parent)!r} (train one with `attnkit train --run-dir "
-                "runs/NAME`).")
+        return (f"No run folder in runs/ or in {str(path.parent)!r} (train one with run_dir='runs/NAME').")
     more = f" and {len(seen) - limit} more" if len(seen) > limit else ""
     return "Runs here: " + ", ".join(seen[:limit]) + more + "."
 

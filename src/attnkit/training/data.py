@@ -39,7 +39,7 @@ def stdlib_files() -> tuple[Path, list[Path]]:
     skip = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
     files = sorted(p for p in root.rglob("*.py") if not skip.intersection(p.relative_to(root).parts))
     if not files:
-        raise AttnkitValueError(f"found no .py files under the standard library folder {root}; pass --data "
+        raise AttnkitValueError(f"found no .py files under the standard library folder {root}; pass data="
                                 "PATH (a text file or a folder of text files) instead.")
     return root, files
 
@@ -59,7 +59,7 @@ def load_documents(source: str | Path | None = None) -> list[tuple[str, bytes]]:
         files = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in TEXT_SUFFIXES)
         if not files:
             raise AttnkitValueError(f"folder {str(source)!r} has no text files ({', '.join(TEXT_SUFFIXES)}); "
-                                    "point --data at text.")
+                                    "point data= at text.")
     return [(p.relative_to(root).as_posix(), p.read_bytes()) for p in files]
 
 
@@ -116,7 +116,7 @@ class PackedDataset:
         self.num_rows = (len(stream) - 1) // seq_len
         if self.num_rows < 1:
             raise AttnkitValueError(f"the data has {len(stream)} tokens, fewer than one row of seq_len + 1 = "
-                                    f"{seq_len + 1}; use more text or a smaller --seq-len.")
+                                    f"{seq_len + 1}; use more text or a smaller seq_len=.")
         self.tokens = torch.from_numpy(stream.astype(np.int64))  # (N,)
         self.doc_index = torch.from_numpy(np.concatenate(ids)).long()  # (N,)
         self.num_tokens = len(stream)

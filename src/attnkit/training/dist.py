@@ -58,23 +58,23 @@ def pick_device(name: str) -> torch.device:
     try:
         device = torch.device(name)
     except (RuntimeError, TypeError) as exc:
-        raise AttnkitValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N' (or 'mps'), got {name!r}; pass --device cpu "
-                                "or --device auto.") from exc
+        raise AttnkitValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N' (or 'mps'), got {name!r}; pass device='cpu' "
+                                "or device='auto'.") from exc
     if device.type == "cuda":
         if not torch.cuda.is_available():
             raise EnvironmentUnsupportedError(
-                f"--device {name}: CUDA is not available here (torch {torch.__version__}, "
-                f"{'built without CUDA' if torch.version.cuda is None else 'no GPU visible'}); use --device cpu or "
-                "--device auto.")
+                f"device={name!r}: CUDA is not available here (torch {torch.__version__}, "
+                f"{'built without CUDA' if torch.version.cuda is None else 'no GPU visible'}); use device='cpu' or "
+                "device='auto'.")
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise EnvironmentUnsupportedError(f"--device {name}: this machine has {torch.cuda.device_count()} CUDA "
+            raise EnvironmentUnsupportedError(f"device={name!r}: this machine has {torch.cuda.device_count()} CUDA "
                                               f"device(s) (cuda:0 .. cuda:{torch.cuda.device_count() - 1}).")
     elif device.type == "mps" and not (torch.backends.mps.is_built() and torch.backends.mps.is_available()):
-        raise EnvironmentUnsupportedError(f"--device {name}: Apple's MPS is not available here (torch "
-                                          f"{torch.__version__}); use --device cpu or --device auto.")
+        raise EnvironmentUnsupportedError(f"device={name!r}: Apple's MPS is not available here (torch "
+                                          f"{torch.__version__}); use device='cpu' or device='auto'.")
     elif device.type not in ("cpu", "mps", "xpu"):
-        raise AttnkitValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N' (or 'mps'), got {name!r}; pass --device cpu "
-                                "or --device auto.")
+        raise AttnkitValueError(f"device must be 'auto', 'cpu', 'cuda' or 'cuda:N' (or 'mps'), got {name!r}; pass device='cpu' "
+                                "or device='auto'.")
     return device
 
 

@@ -34,7 +34,7 @@ def test_report_refuses_inputs_past_max_tokens_before_running(tmp_path, capsys):
     out = tmp_path / "nano.html"
     assert main(["report", "nano", "--text", "hello there", "--out", str(out), "--max-tokens", "10"]) == 2
     err = capsys.readouterr().err
-    assert "the input has 11 tokens, more than max_tokens=10" in err and "--max-tokens 11" in err
+    assert "the input has 11 tokens, more than --max-tokens 10" in err and "pass --max-tokens 11 if" in err
     assert not out.exists()
 
 

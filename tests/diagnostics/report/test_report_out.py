@@ -13,7 +13,7 @@ def test_an_existing_file_that_is_not_a_report_is_kept(tmp_path, capsys):
     weights.write_bytes(b"\x00weights")
     assert main([*ARGS, "--out", str(weights)]) == 2
     err = capsys.readouterr().err
-    assert "exists and is not an attnkit report; pick another out, or pass overwrite=True (--overwrite)" in err
+    assert "exists and is not an attnkit report; pick another out, or pass --overwrite to replace it." in err
     assert weights.read_bytes() == b"\x00weights"
     assert main([*ARGS, "--out", str(weights), "--overwrite"]) == 0
     assert weights.read_text().startswith("<!DOCTYPE html>")

@@ -49,7 +49,7 @@ def test_the_library_keeps_a_file_that_is_not_a_report_unless_overwrite(nano, tm
     target = tmp_path / "notes.html"
     target.write_text("<p>my notes</p>")
     with pytest.raises(ValueError, match=re.escape("exists and is not an attnkit report; pick another out, or pass "
-                                                   "overwrite=True (--overwrite) to replace it.")):
+                                                   "overwrite=True to replace it.")):
         _report(nano, target)
     assert target.read_text() == "<p>my notes</p>"
     assert _report(nano, target, overwrite=True).read_text().startswith("<!DOCTYPE html>")

@@ -195,7 +195,7 @@ def attention_health(subject, options) -> Outcome:
        "tokens <= t), the mask or the optimiser before scaling up.", order=120)
 def overfit(subject, options) -> Outcome:
     if not options.overfit:
-        raise Skip("optional: pass overfit=True (attnkit doctor --overfit) to train a copy on 10 samples")
+        raise Skip("optional: pass overfit=True to train a copy on 10 samples")
     lm = subject.lm
     if lm is None or not lm.outputs_logits or subject.rebuild is None:
         raise Skip("needs a token model with logits")

@@ -82,7 +82,7 @@ def check_length(n_tokens: int, max_tokens: int = MAX_TOKENS) -> None:
         raise AttnkitValueError(
             f"the input has {n_tokens} tokens, more than max_tokens={max_tokens}: the report holds every layer's "
             f"weights, 4 L^2 bytes per head and layer ({human_bytes(4 * n_tokens ** 2)} per head here); shorten the "
-            f"text, or pass max_tokens={n_tokens} (attnkit report --max-tokens {n_tokens}) if the memory is there.")
+            f"text, or pass max_tokens={n_tokens} if the memory is there.")
 
 
 def shown(n_tokens: int, dense_max: int = 512, top_k: int = 32) -> str:
@@ -90,7 +90,7 @@ def shown(n_tokens: int, dense_max: int = 512, top_k: int = 32) -> str:
     if n_tokens <= dense_max or top_k >= n_tokens:
         return f"{n_tokens} tokens: every weight of every head (1/255 steps)"
     return (f"{n_tokens} tokens > dense_max {dense_max}: each row keeps its {top_k} largest weights and states the "
-            f"mass it leaves out (raise --dense-max to keep every weight)")
+            f"mass it leaves out (raise dense_max= to keep every weight)")
 
 
 def _as_tokens(model, tokens, labels, tokenizer) -> tuple[torch.Tensor, list[str]]:

@@ -90,7 +90,7 @@ def _script_json(obj) -> str:
 
 def doctor_html(doctor: dict | None) -> str:
     if doctor is None:
-        return '<p class="note">The doctor was not run (pass doctor=True / leave out --no-doctor).</p>'
+        return '<p class="note">The doctor was not run (pass doctor=True).</p>'
     rows = "".join(
         f'<tr><td class="text status-{html.escape(c["status"])}">{html.escape(c["status"])}</td>'
         f'<td class="text">{html.escape(c["name"])}</td><td class="evidence">{html.escape(c["evidence"])}'

@@ -26,7 +26,7 @@ def load_hf(path: str | Path, *, dtype: torch.dtype = torch.float32):
     tf = transformers()
     folder = Path(path)
     if not (folder / "config.json").is_file():
-        raise AttnkitValueError(f"--hf {str(path)!r} is not a Hugging Face model folder (no config.json); pass the "
+        raise AttnkitValueError(f"path={str(path)!r} is not a Hugging Face model folder (no config.json); pass the "
                                 "folder that holds config.json and the weights.")
     config = load_config(folder)  # refuses auto_map (custom code) and a malformed config.json first
     family = family_of(config.model_type)
@@ -166,4 +166,4 @@ def load_tokenizer(folder: str | Path):
     except (OSError, ValueError, TypeError, KeyError) as exc:
         raise AttnkitValueError(f"the tokenizer in {str(folder)!r} can't be loaded ({type(exc).__name__}: "
                                 f"{str(exc).splitlines()[0][:200] if str(exc) else ''}); restore its files, or pass "
-                                "token ids (attnkit generate --ids).") from exc
+                                "token ids instead of text.") from exc

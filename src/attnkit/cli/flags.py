@@ -1,0 +1,53 @@
+"""How the command line names what the library's messages call by their Python names.
+
+The library's messages name a setting as its Python argument (``run_dir='runs/a'``, ``overwrite=True``,
+``device='cpu'``); the command line shows the flag the user typed (``--run-dir 'runs/a'``, ``--overwrite``,
+``--device cpu``). :func:`as_typed` makes that one translation, where :mod:`attnkit.cli.main` prints a typed error.
+Only ``name=`` spellings are translated (a bare word such as ``out`` or ``data`` may be part of a path).
+"""
+
+from __future__ import annotations
+
+import re
+
+#: Python argument -> the flag that sets it (where they differ only by ``--`` and dashes, the rule below)
+FLAGS = {"doctor": "--no-doctor"}
+#: the Python names the messages use that are command-line flags (``name=`` in a message becomes the flag)
+NAMES = ("run_dir", "resume", "init_from", "overwrite", "out", "hf", "device", "data", "seq_len", "max_new_tokens",
+         "max_tokens", "dense_max", "doctor", "overfit", "monitor", "grad_checkpointing", "quick", "keep", "ids",
+         "threads")
+#: per command, Python names whose flag is another word (``convert_folder(path=...)`` is ``convert --hf``)
+COMMANDS = {"convert": {"path": "--hf"}}
+#: flags whose value is a plain word, shown unquoted (``device='cpu'`` -> ``--device cpu``)
+WORDS = {"device"}
+#: switches: ``name=True`` is the flag alone (``doctor=False`` is ``--no-doctor``)
+SWITCHES = {"overwrite": "True", "overfit": "True", "grad_checkpointing": "True", "quick": "True",
+            "doctor": "False"}
+
+#: what follows a name in a message: its value (a switch, a quoted string or a number), or nothing
+_VALUE = r"=(True|False|'[^']*'|\d+)?"
+
+
+def flag(name: str, command: str | None = None) -> str:
+    """The flag that sets the Python argument ``name`` (``run_dir`` -> ``--run-dir``) in ``command``."""
+    return COMMANDS.get(command, {}).get(name) or FLAGS.get(name, "--" + name.replace("_", "-"))
+
+
+def _one(match: re.Match, command: str | None) -> str:
+    name, value = match.group(1), match.group(2)
+    if name is None:  # a quoted value outside a name=: a path or a value the user typed
+        return match.group(0)
+    if name in SWITCHES and value in ("True", "False"):
+        return flag(name, command)
+    if value is None:
+        return flag(name, command)
+    if name in WORDS and value.startswith("'"):
+        value = value[1:-1]
+    return f"{flag(name, command)} {value}"
+
+
+def as_typed(message: str, command: str | None = None) -> str:
+    """``message`` with each ``name=value`` of a flag's Python name written as the flag ``command`` exposes."""
+    names = (*NAMES, *COMMANDS.get(command, {}))
+    pattern = r"(?<!\w)'[^']*'|(?<![\w.-])(" + "|".join(names) + r")" + _VALUE  # a quoted value: left as it is
+    return re.sub(pattern, lambda match: _one(match, command), message)
