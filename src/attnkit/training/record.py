@@ -79,12 +79,12 @@ def open_outputs(trainer, baseline: float) -> None:
     """metrics.jsonl (cut back to the resumed step), config.json, and what the run is, said once."""
     c, resumed = trainer.config, trainer.resume_state is not None
     trainer.metrics = (MetricsWriter(trainer.run_dir / METRICS, resume_step=trainer.step if resumed else None,
-                                  log=trainer.log) if trainer.ctx.is_main else None)
+                                     log=trainer.log) if trainer.ctx.is_main else None)
     if trainer.metrics is not None and resumed:
         problem = trainer.metrics.verify(trainer.resume_state.get("metrics"))
         if problem:
             trainer.log(f"WARNING: metrics.jsonl {problem}; the records after the checkpoint continue from step "
-                     f"{trainer.step}")
+                        f"{trainer.step}")
     if trainer.ctx.is_main and not resumed:
         write_config(trainer)
     elif trainer.ctx.is_main and not has_config(trainer.run_dir):
@@ -92,8 +92,8 @@ def open_outputs(trainer, baseline: float) -> None:
         trainer.log(f"{trainer.run_dir / RUN_CONFIG} was missing: written again from the checkpoint (run {trainer.run_id})")
     origin = f"{c.preset} preset" if not resumed and trainer.init_state is None else "the checkpoint's own"
     trainer.log(f"model: {origin}, {_describe(trainer.model_config)}, {trainer.model.num_parameters() / 1e6:.2f} M "
-             f"parameters, {trainer.precision}, {trainer.total_steps} steps of {trainer.tokens_per_step():,} tokens, "
-             f"world {trainer.ctx.world}")
+                f"parameters, {trainer.precision}, {trainer.total_steps} steps of {trainer.tokens_per_step():,} tokens, "
+                f"world {trainer.ctx.world}")
     trainer.log(f"unigram baseline loss: {baseline:.3f} nats/token (perplexity {math.exp(baseline):.1f})")
 
 

@@ -86,7 +86,7 @@ def build_model(trainer, model_config: LMConfig | None, where: Path | None) -> N
         trainer.cp_counting = contextlib.ExitStack()  # this rank's context-parallel bytes, per step in metrics
         trainer.cp_sent = trainer.cp_counting.enter_context(cp.count_messages())
     trainer.optimizer = torch.optim.AdamW(param_groups(trainer.model, config.weight_decay), lr=config.lr,
-                                       betas=config.betas, fused=False, foreach=True)
+                                          betas=config.betas, fused=False, foreach=True)
 
 
 def check_preset_length(trainer) -> None:
@@ -96,9 +96,9 @@ def check_preset_length(trainer) -> None:
     positions = trainer.config.model.get("positions", PRESETS[trainer.config.preset].get("positions", "rope"))
     if (trainer.config.seq_len or 0) > preset_len and positions != "learned":
         trainer.log(f"note: {trainer.names('seq_len')} {trainer.config.seq_len} is {trainer.config.seq_len / preset_len:.3g}x "
-                 f"the {trainer.config.preset!r} preset's {preset_len} positions: the model is built for rows of "
-                 f"{trainer.config.seq_len} ({positions} positions), and attention's cost per row grows with the "
-                 "square of its length")
+                    f"the {trainer.config.preset!r} preset's {preset_len} positions: the model is built for rows of "
+                    f"{trainer.config.seq_len} ({positions} positions), and attention's cost per row grows with the "
+                    "square of its length")
     if positions == "learned" and (trainer.config.seq_len or 0) > preset_len:
         raise AttnkitValueError(
             f"{trainer.names('seq_len')} {trainer.config.seq_len} is longer than the {preset_len} learned positions of the "
@@ -118,18 +118,19 @@ def restore(trainer, where: Path, given) -> None:
 
 
 def report_resume(trainer, where: Path, state: dict) -> None:
+    """Say what a resume continues: its step, a schedule whose step count changed, data that changed."""
     trainer.log(f"resumed {where} at step {trainer.step}/{trainer.total_steps} ({trainer.precision}, chosen when the run "
              "started)")
     if trainer.total_steps != state["total_steps"]:
         trainer.log(f"schedule: {state['total_steps']} -> {trainer.total_steps} steps; the learning rate keeps its warmup + "
-                 f"cosine to step {trainer.schedule_steps}, then holds its minimum "
-                 f"{trainer.config.lr * trainer.config.min_lr_ratio:.3g} to step {trainer.total_steps}"
-                 if trainer.total_steps > trainer.schedule_steps else
-                 f"schedule: stopping at step {trainer.total_steps}, before the cosine's end at step "
-                 f"{trainer.schedule_steps}")
+                    f"cosine to step {trainer.schedule_steps}, then holds its minimum "
+                    f"{trainer.config.lr * trainer.config.min_lr_ratio:.3g} to step {trainer.total_steps}"
+                    if trainer.total_steps > trainer.schedule_steps else
+                    f"schedule: stopping at step {trainer.total_steps}, before the cosine's end at step "
+                    f"{trainer.schedule_steps}")
     elif trainer.step >= trainer.total_steps:
         trainer.log(f"the run already finished at step {trainer.step}; pass {trainer.names('steps')} N (N > {trainer.step}) "
-                 "to extend it")
+                    "to extend it")
     recorded = state.get("data_sha256")
     if recorded is not None and recorded != trainer.data_sha256:
         trainer.log(f"WARNING: the training data changed since this checkpoint (sha256 {recorded[:12]}... -> "
@@ -138,6 +139,7 @@ def report_resume(trainer, where: Path, state: dict) -> None:
 
 
 def build_data(trainer) -> None:
+    """The documents loaded and fingerprinted, split by file into train / validation, packed into rows of L."""
     c = trainer.config
     trainer.seq_len = c.seq_len or PRESETS[c.preset]["max_seq_len"]
     docs = load_documents(c.data)
@@ -148,5 +150,5 @@ def build_data(trainer) -> None:
     if c.overfit:  # the tutorial's sanity check: the same few rows every step
         trainer.train_data.num_rows = min(trainer.train_data.num_rows, c.overfit_samples)
     trainer.log(f"data: {c.data or 'Python standard library sources'} - {len(train_docs)} train / "
-             f"{len(val_docs)} val documents, {trainer.train_data.num_tokens:,} / {trainer.val_data.num_tokens:,} "
-             f"tokens, rows of {trainer.seq_len}, document mask {'on' if c.doc_mask else 'off'}")
+                f"{len(val_docs)} val documents, {trainer.train_data.num_tokens:,} / {trainer.val_data.num_tokens:,} "
+                f"tokens, rows of {trainer.seq_len}, document mask {'on' if c.doc_mask else 'off'}")
