@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -23,6 +24,7 @@ from torch import nn
 
 from attnkit._progress import progress
 from attnkit.bench.common import RESULTS_DIR, matmul_peak_gflops, round_robin, write_results
+from attnkit.bench.decode_loops import BareCompiledGreedy, CompiledGreedy, bare_torch_greedy
 from attnkit.errors import AttnkitValueError
 from attnkit.models.builders import build_lm
 from attnkit.models.generation import generate, stream_generate
@@ -112,103 +114,6 @@ def _nocache_generate(model, prompt, new_tokens):
             nxt = model(tokens)[:, -1].argmax(-1, keepdim=True)  # (B, 1)
             tokens = torch.cat([tokens, nxt], dim=1)
     return tokens
-
-
-def bare_torch_greedy(model: TransformerLM, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
-    """The ceiling for any library built from PyTorch ops: greedy decoding of ``model`` (learned positions) as
-    one loop of bare functional calls on its weights - no modules, no checks, preallocated K/V - ``(B, N)``."""
-    B, P = prompt.shape
-    E, H = model.embed.weight.shape[1], model.config.num_heads
-    D, T = E // H, P + new_tokens
-    blocks = [(b.norm1, b.attn.qkv_proj, b.attn.out_proj, b.norm2, b.mlp.up, b.mlp.down) for b in model.blocks]
-    K = [torch.empty(B, H, T, D) for _ in blocks]  # (B, H, T, D) per layer
-    V = [torch.empty(B, H, T, D) for _ in blocks]
-    ln = lambda x, m: F.layer_norm(x, (E,), m.weight, m.bias)  # noqa: E731
-
-    def forward(tokens, start):  # tokens (B, L) at positions start.. -> last logits (B, V)
-        L = tokens.shape[1]
-        x = F.embedding(tokens, model.embed.weight) + model.pos_embed.embedding.weight[start:start + L]  # (B, L, E)
-        for i, (ln1, qkv, out, ln2, fc, proj) in enumerate(blocks):
-            q, k, v = F.linear(ln(x, ln1), qkv.weight, qkv.bias).view(B, L, 3, H, D).permute(2, 0, 3, 1, 4)  # (B, H, L, D) x3
-            K[i][:, :, start:start + L], V[i][:, :, start:start + L] = k, v
-            a = F.scaled_dot_product_attention(q, K[i][:, :, :start + L], V[i][:, :, :start + L], is_causal=L > 1)
-            x = x + F.linear(a.transpose(1, 2).reshape(B, L, E), out.weight, out.bias)  # (B, L, E)
-            h = F.gelu(F.linear(ln(x, ln2), fc.weight, fc.bias), approximate="tanh")
-            x = x + F.linear(h, proj.weight, proj.bias)
-        return F.linear(ln(x[:, -1], model.norm), model.embed.weight)  # (B, V)
-
-    with torch.inference_mode():
-        tok = forward(prompt, 0).argmax(-1, keepdim=True)  # (B, 1)
-        out = [tok]
-        for t in range(P, T - 1):
-            tok = forward(tok, t).argmax(-1, keepdim=True)
-            out.append(tok)
-    return torch.cat(out, dim=1)  # (B, N)
-
-
-class CompiledGreedy:
-    """Greedy decoding with a static cache whose decode step is ``torch.compile``d (one graph for every step;
-    the prefill runs eager). The caches are reused (``reset``) across calls so the graph is reused too."""
-
-    def __init__(self, model: TransformerLM, batch: int, max_length: int):
-        self.model, self.caches = model, model.new_cache(batch, kind="static", max_length=max_length)
-        self.step = torch.compile(lambda t, p: model(t, positions=p, cache=self.caches), dynamic=False)
-
-    def __call__(self, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
-        B, P = prompt.shape
-        for cache in self.caches:
-            cache.reset()
-        with torch.inference_mode():
-            logits = self.model(prompt, positions=torch.arange(P)[None], cache=self.caches)  # (B, P, V)
-            tok = logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
-            out = [tok]
-            for i in range(new_tokens - 1):
-                tok = self.step(tok, torch.tensor([[P + i]]))[:, -1].argmax(-1, keepdim=True)  # (B, 1)
-                out.append(tok)
-        return torch.cat(out, dim=1)  # (B, N)
-
-
-class BareCompiledGreedy:
-    """:func:`bare_torch_greedy` with attnkit's static-cache layout: K/V preallocated ``(B, H, T, D)`` per layer,
-    the write slot a tensor (``index_copy_``), every slot attended under a ``key position <= query position``
-    mask, and the decode step ``torch.compile``d (one graph; the prefill runs eager). The baseline for
-    :class:`CompiledGreedy`."""
-
-    def __init__(self, model: TransformerLM, batch: int, max_length: int):
-        E, H = model.embed.weight.shape[1], model.config.num_heads
-        self.model, self.B, self.E, self.H, self.D, self.T = model, batch, E, H, E // H, max_length
-        self.blocks = [(b.norm1, b.attn.qkv_proj, b.attn.out_proj, b.norm2, b.mlp.up, b.mlp.down) for b in model.blocks]
-        self.K = [torch.zeros(batch, H, max_length, E // H) for _ in self.blocks]  # (B, H, T, D) per layer
-        self.V = [torch.zeros(batch, H, max_length, E // H) for _ in self.blocks]
-        self.slots = torch.arange(max_length)  # (T,)
-        self.step = torch.compile(self.forward, dynamic=False)
-
-    def forward(self, tokens: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """tokens ``(B, L)`` at positions ``pos (L,)`` -> last logits ``(B, V)``."""
-        model, B, E, H, D = self.model, self.B, self.E, self.H, self.D
-        L = tokens.shape[1]
-        x = F.embedding(tokens, model.embed.weight) + model.pos_embed.embedding.weight[pos]  # (B, L, E)
-        visible = (self.slots[None, :] <= pos[:, None])[None, None]  # (1, 1, L, T)
-        for i, (ln1, qkv, out, ln2, fc, proj) in enumerate(self.blocks):
-            h = F.layer_norm(x, (E,), ln1.weight, ln1.bias)
-            q, k, v = F.linear(h, qkv.weight, qkv.bias).view(B, L, 3, H, D).permute(2, 0, 3, 1, 4)  # (B, H, L, D) x3
-            self.K[i].index_copy_(2, pos, k)
-            self.V[i].index_copy_(2, pos, v)
-            a = F.scaled_dot_product_attention(q, self.K[i], self.V[i], attn_mask=visible)  # (B, H, L, D)
-            x = x + F.linear(a.transpose(1, 2).reshape(B, L, E), out.weight, out.bias)  # (B, L, E)
-            h = F.gelu(F.linear(F.layer_norm(x, (E,), ln2.weight, ln2.bias), fc.weight, fc.bias), approximate="tanh")
-            x = x + F.linear(h, proj.weight, proj.bias)
-        return F.linear(F.layer_norm(x[:, -1], (E,), model.norm.weight, model.norm.bias), model.embed.weight)
-
-    def __call__(self, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
-        P = prompt.shape[1]
-        with torch.inference_mode():
-            tok = self.forward(prompt, torch.arange(P)).argmax(-1, keepdim=True)  # (B, 1)
-            out = [tok]
-            for i in range(new_tokens - 1):
-                tok = self.step(tok, torch.tensor([P + i])).argmax(-1, keepdim=True)  # (B, 1)
-                out.append(tok)
-        return torch.cat(out, dim=1)  # (B, N)
 
 
 def lm_vs_bare(batch: int = 1, prompt_len: int = 32, new_tokens: int = 64, repeats: int = 5, vocab: int = 8192,
@@ -341,64 +246,85 @@ def run(args) -> int:
         raise AttnkitValueError(f"--parts {args.parts!r}: choose from hf, lm_vs_bare (comma-separated), "
                                 f"got unknown {sorted(unknown)}.")
     if "lm_vs_bare" in parts:
-        record = lm_vs_bare(batch=1, prompt_len=32, new_tokens=64, repeats=args.repeats, vocab=args.vocab,
-                            dim=args.dim, layers=args.layers, heads=args.heads, compiled=not args.no_compile)
-        for name, r in record["contenders"].items():
-            print(f"  {name:26s} {r['ms_per_token']:6.2f} ms/token  same tokens: {r['same_tokens_as_bare_loop']}")
-        for name, ratio in record["speed_ratios"].items():
-            print(f"  {name}: x{ratio:.2f}")
-        record["notes"] = ("Medians of round-robin runs in random order, one process; speed_ratios = bare-loop time / "
-                           "attnkit time (>= 1.0: attnkit at least as fast). Greedy, B=1, prompt 32, 64 new tokens; "
-                           "compile time excluded (one warm-up call).")
-        print(f"wrote {write_results('decode_lm_vs_bare', record, args.out)}")
-    if "hf" not in parts:
-        return 0
+        _run_lm_vs_bare(args)
+    if "hf" in parts:
+        _run_hf(args)
+    return 0
+
+
+def _run_lm_vs_bare(args) -> None:
+    """The ``lm_vs_bare`` part: TransformerLM against the bare torch loop, printed and written."""
+    record = lm_vs_bare(batch=1, prompt_len=32, new_tokens=64, repeats=args.repeats, vocab=args.vocab,
+                        dim=args.dim, layers=args.layers, heads=args.heads, compiled=not args.no_compile)
+    for name, r in record["contenders"].items():
+        print(f"  {name:26s} {r['ms_per_token']:6.2f} ms/token  same tokens: {r['same_tokens_as_bare_loop']}")
+    for name, ratio in record["speed_ratios"].items():
+        print(f"  {name}: x{ratio:.2f}")
+    record["notes"] = ("Medians of round-robin runs in random order, one process; speed_ratios = bare-loop time / "
+                       "attnkit time (>= 1.0: attnkit at least as fast). Greedy, B=1, prompt 32, 64 new tokens; "
+                       "compile time excluded (one warm-up call).")
+    print(f"wrote {write_results('decode_lm_vs_bare', record, args.out)}")
+
+
+def _bounds(ours: TransformerLM) -> dict:
+    """What bounds a decode step on this machine, measured now: copy and read bandwidth against the weight bytes
+    (ms per step), and the FLOP bound's ingredients."""
+    bandwidth, read_bw, wbytes = copy_bandwidth_gbs(), read_bandwidth_gbs(), weight_bytes(ours)
+    out = {"copy_bandwidth_gbs": bandwidth, "weight_bytes": wbytes,
+           "bandwidth_bound_ms_per_step": 1e3 * wbytes / (bandwidth * 1e9),
+           "read_bandwidth_gbs": read_bw, "read_bandwidth_bound_ms_per_step": 1e3 * wbytes / (read_bw * 1e9),
+           "linear_peak_gflops": matmul_peak_gflops()["linear"],  # GFLOP/s of F.linear (oneDNN), measured now
+           "weight_flops_per_token": 2 * wbytes / 4}  # one multiply-add per fp32 weight
+    print(f"copy bandwidth {bandwidth:.1f} GB/s; weights {wbytes / 1e6:.1f} MB -> bound "
+          f"{out['bandwidth_bound_ms_per_step']:.2f} ms per step; linear peak {out['linear_peak_gflops']:.0f} GFLOP/s; "
+          f"read bandwidth {read_bw:.1f} GB/s -> bound {out['read_bandwidth_bound_ms_per_step']:.2f} ms")
+    return out
+
+
+def _hf_case(args, hf_models, ours, bounds: dict, batch: int, prompt_len: int) -> dict:
+    """One (batch, prompt) case of the ``hf`` part: every contender's rows with their ratios to the best
+    transformers setting and to the bounds, printed."""
+    rows, same = bench_case(hf_models, ours, batch, prompt_len, args.new_tokens, args.nocache_tokens,
+                            args.repeats, args.vocab, compiled=not args.no_compile)
+    best_hf = max(rows["hf_eager"]["tokens_per_s"], rows["hf_sdpa"]["tokens_per_s"])
+    floor_ms = weight_matvec_ms(ours, batch)
+    for r in rows.values():
+        r["vs_best_hf"] = r["tokens_per_s"] / best_hf
+        r["fraction_of_bandwidth_bound"] = bounds["bandwidth_bound_ms_per_step"] / r["ms_per_step"]
+        r["fraction_of_read_bandwidth_bound"] = bounds["read_bandwidth_bound_ms_per_step"] / r["ms_per_step"]
+        r["fraction_of_matvec_floor"] = floor_ms / r["ms_per_step"]
+        r["fraction_of_flop_bound"] = (batch * bounds["weight_flops_per_token"] / (r["ms_per_step"] * 1e-3)
+                                       / (bounds["linear_peak_gflops"] * 1e9))
+    print(f"B={batch} P={prompt_len} (same tokens as HF: {same}; weight matvecs alone {floor_ms:.2f} ms/step)")
+    for name, r in rows.items():
+        print(f"  {name:24s} {r['tokens_per_s']:8.1f} tok/s  {r['ms_per_step']:6.2f} ms/step  "
+              f"x{r['vs_best_hf']:.2f} vs best HF  {100 * r['fraction_of_bandwidth_bound']:5.1f}% of bound")
+    return {"batch": batch, "prompt": prompt_len, "same_greedy_tokens_as_hf": same,
+            "weight_matvec_floor_ms_per_step": floor_ms, "contenders": rows}
+
+
+def _run_hf(args) -> None:
+    """The ``hf`` part: every (batch, prompt) case against transformers, then the sliding-window curve; written
+    to decode.json with its plot."""
     torch.manual_seed(0)
     shape = (args.vocab, args.dim, args.layers, args.heads)
     hf_models = {impl: hf_gpt2(*shape, impl) for impl in ("eager", "sdpa")}
     hf_models["eager"].load_state_dict(hf_models["sdpa"].state_dict())
     ours = gpt2_from_hf(hf_models["sdpa"])
-    bandwidth = copy_bandwidth_gbs()
-    wbytes = weight_bytes(ours)
-    bound_ms = 1e3 * wbytes / (bandwidth * 1e9)
-    read_bw = read_bandwidth_gbs()
-    read_bound_ms = 1e3 * wbytes / (read_bw * 1e9)
-    peak = matmul_peak_gflops()["linear"]  # GFLOP/s of F.linear (oneDNN), measured now
-    flops_per_token = 2 * wbytes / 4  # one multiply-add per fp32 weight
-    print(f"copy bandwidth {bandwidth:.1f} GB/s; weights {wbytes / 1e6:.1f} MB -> bound {bound_ms:.2f} ms per step; "
-          f"linear peak {peak:.0f} GFLOP/s; read bandwidth {read_bw:.1f} GB/s -> bound {read_bound_ms:.2f} ms")
-    cases = []
-    for batch in progress(args.batches, desc="bench decode", unit="batch size"):
-        for prompt_len in args.prompts:
-            rows, same = bench_case(hf_models, ours, batch, prompt_len, args.new_tokens, args.nocache_tokens,
-                                    args.repeats, args.vocab, compiled=not args.no_compile)
-            best_hf = max(rows["hf_eager"]["tokens_per_s"], rows["hf_sdpa"]["tokens_per_s"])
-            floor_ms = weight_matvec_ms(ours, batch)
-            for r in rows.values():
-                r["vs_best_hf"] = r["tokens_per_s"] / best_hf
-                r["fraction_of_bandwidth_bound"] = bound_ms / r["ms_per_step"]
-                r["fraction_of_read_bandwidth_bound"] = read_bound_ms / r["ms_per_step"]
-                r["fraction_of_matvec_floor"] = floor_ms / r["ms_per_step"]
-                r["fraction_of_flop_bound"] = batch * flops_per_token / (r["ms_per_step"] * 1e-3) / (peak * 1e9)
-            cases.append({"batch": batch, "prompt": prompt_len, "same_greedy_tokens_as_hf": same,
-                          "weight_matvec_floor_ms_per_step": floor_ms, "contenders": rows})
-            print(f"B={batch} P={prompt_len} (same tokens as HF: {same}; weight matvecs alone {floor_ms:.2f} ms/step)")
-            for name, r in rows.items():
-                print(f"  {name:24s} {r['tokens_per_s']:8.1f} tok/s  {r['ms_per_step']:6.2f} ms/step  "
-                      f"x{r['vs_best_hf']:.2f} vs best HF  {100 * r['fraction_of_bandwidth_bound']:5.1f}% of bound")
+    bounds = _bounds(ours)
+    cases = [_hf_case(args, hf_models, ours, bounds, batch, prompt_len)
+             for batch in progress(args.batches, desc="bench decode", unit="batch size") for prompt_len in args.prompts]
     curve = sliding_curve(args.dim, args.layers, args.heads, args.vocab, args.window, args.contexts)
     for name, points in curve.items():
         print(f"  {name:20s} " + "  ".join(f"{c}: {ms:.2f} ms" for c, ms in points.items()))
-    out_dir = __import__("pathlib").Path(args.out)
+    out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
     plot(curve, out_dir / "decode_sliding.png", args.window)
     path = write_results("decode", {
         "config": {"vocab": args.vocab, "dim": args.dim, "layers": args.layers, "heads": args.heads,
                    "new_tokens": args.new_tokens, "nocache_tokens": args.nocache_tokens, "repeats": args.repeats,
                    "dtype": "float32", "sampling": "greedy, no stop tokens"},
-        "copy_bandwidth_gbs": bandwidth, "weight_bytes": wbytes, "bandwidth_bound_ms_per_step": bound_ms,
-        "read_bandwidth_gbs": read_bw, "read_bandwidth_bound_ms_per_step": read_bound_ms,
-        "linear_peak_gflops": peak, "weight_flops_per_token": flops_per_token,
+        **bounds,
         "cases": cases, "sliding_window": {"window": args.window, "ms_per_token_vs_context": curve,
                                            "plot": str(out_dir / "decode_sliding.png")},
         "notes": "Medians of round-robin runs on a shared 2-core machine (started when the 1-minute load was "
@@ -414,4 +340,3 @@ def run(args) -> int:
                  "modules, no checks): what any library built from PyTorch ops can at best reach on this machine.",
     }, out_dir)
     print(f"wrote {path}")
-    return 0

@@ -148,26 +148,31 @@ def examine(subject, *, checks: Sequence[str] | None = None, skip: Sequence[str]
     results = []
     notify = progress or (lambda check_name, result: None)
     for check_name in names():  # every registered check, in its declared order
-        chk = REGISTRY[check_name]
         if checks is not None and check_name not in checks:
             continue
-        start = time.perf_counter()
         if check_name in skip:
             results.append(CheckResult(check_name, SKIP, "skipped on request"))
             notify(check_name, results[-1])
             continue
         notify(check_name, None)
-        try:
-            outcome = chk.run(wrapped, options)
-            status, evidence, details = outcome.status, outcome.evidence, outcome.details
-        except Skip as why:
-            status, evidence, details = SKIP, str(why), {}
-        except Exception as exc:  # noqa: BLE001 - a subject that crashes under a check fails it
-            status, evidence, details = FAIL, f"raised {type(exc).__name__}: {str(exc).splitlines()[0][:160]}", {}
-        results.append(CheckResult(check_name, status, evidence, chk.fix if status == FAIL else "",
-                                   round(time.perf_counter() - start, 3), details))
+        results.append(_run_check(check_name, wrapped, options))
         notify(check_name, results[-1])
     return Report(wrapped.name, wrapped.kind, results)
+
+
+def _run_check(check_name: str, wrapped, options: Options) -> CheckResult:
+    """One registered check on the wrapped subject, timed: a ``Skip`` skips it, a subject that crashes fails it."""
+    chk = REGISTRY[check_name]
+    start = time.perf_counter()
+    try:
+        outcome = chk.run(wrapped, options)
+        status, evidence, details = outcome.status, outcome.evidence, outcome.details
+    except Skip as why:
+        status, evidence, details = SKIP, str(why), {}
+    except Exception as exc:  # noqa: BLE001 - a subject that crashes under a check fails it
+        status, evidence, details = FAIL, f"raised {type(exc).__name__}: {str(exc).splitlines()[0][:160]}", {}
+    return CheckResult(check_name, status, evidence, chk.fix if status == FAIL else "",
+                       round(time.perf_counter() - start, 3), details)
 
 
 __all__ = ["examine", "Report", "CheckResult", "PASS", "WARN", "FAIL", "INFO", "SKIP"]

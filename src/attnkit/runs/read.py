@@ -230,6 +230,12 @@ def read_verified(ckpt: str | Path, keep: tuple[str, ...] = ()) -> tuple[dict, d
     if state.get("step") != int(folder.group(1)) or isinstance(state.get("step"), bool):
         fail(f"{MANIFEST} records step {state.get('step')!r} but the folder is {ckpt.name} (step {int(folder.group(1))})")
     _check_run_identity(ckpt, state, fail)
+    return state, _read_hashed(ckpt, state, keep, fail)
+
+
+def _read_hashed(ckpt: Path, state: dict, keep: tuple[str, ...], fail) -> dict[str, bytes]:
+    """Check every file of :data:`FILES` against the SHA-256 ``state`` records (``fail(problem, exc)`` raises);
+    returns the bytes of those named in ``keep``, read once through the descriptor they were hashed from."""
     kept = {}
     for name in FILES:
         try:
@@ -245,7 +251,7 @@ def read_verified(ckpt: str | Path, keep: tuple[str, ...] = ()) -> tuple[dict, d
             fail(f"{name} is not a regular file ({exc})", exc)
         if got != state["sha256"][name]:
             fail(f"{name} is corrupt or truncated (sha256 {got[:12]}... != recorded {str(state['sha256'][name])[:12]}...)")
-    return state, kept
+    return kept
 
 
 def _check_run_identity(ckpt: Path, state: dict, fail) -> None:

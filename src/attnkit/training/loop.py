@@ -7,8 +7,10 @@ the start of a run), optional gradient checkpointing per block, validation loss 
 SIGKILL at any moment, and DistributedDataParallel under torchrun.
 
 The parts: settings and the decisions of a resume or a fine-tuning start (:mod:`attnkit.training.config`),
-one optimizer step (:mod:`attnkit.training.steps`), what a run records and checkpoints
-(:mod:`attnkit.training.record`); this module puts them together in :class:`Trainer`.
+the start of a run before its first step: its checkpoint, data, model and optimizer (:mod:`attnkit.training.start`),
+one optimizer step (:mod:`attnkit.training.steps`), what a run records and checkpoints, and its stop on request
+(:mod:`attnkit.training.record`), the time budget (:mod:`attnkit.training.deadline`); this module puts them
+together in :class:`Trainer`: the precision and length of a new run, the step loop, the end of the run.
 
 >>> from attnkit.training import TrainConfig, train
 >>> result = train(TrainConfig(run_dir="runs/try", preset="tiny", steps=200))  # doctest: +SKIP
@@ -30,36 +32,18 @@ from torch.nn.parallel import DistributedDataParallel
 
 from attnkit import distributed as cp
 from attnkit.errors import AttnkitValueError
-from attnkit.models.builders import PRESETS, lm_config
-from attnkit.models.config import LMConfig
-from attnkit.models.lm import TransformerLM
-from attnkit.runs import write as ckpt
 from attnkit.runs.folder import RunFolder
-from attnkit.runs.read import (  # noqa: F401  (load_model: re-exported)
-    LOSS_PLOT,
-    METRICS,
-    RUN_CONFIG,
-    load_model,
-    run_folder_of,
-    set_aside_note,
-)
-from attnkit.training import dist, record
-from attnkit.training.config import (  # noqa: F401  (RESUME_HONOURS, TrainConfig: re-exported)
-    RESUME_HONOURS,
-    TrainConfig,
-    init_config,
-    resumed_config,
-    setting,
-)
-from attnkit.training.data import ByteTokenizer, PackedDataset, data_fingerprint, load_documents, split_by_file, unigram_loss
+from attnkit.runs.read import LOSS_PLOT, METRICS, load_model  # noqa: F401  (load_model: re-exported)
+from attnkit.training import dist, record, start
+from attnkit.training.config import RESUME_HONOURS, TrainConfig, setting  # noqa: F401  (RESUME_HONOURS: re-exported)
+from attnkit.training.data import ByteTokenizer, unigram_loss
 from attnkit.training.deadline import Deadline
-from attnkit.training.interrupt import StopRequest, TrainingInterrupted, stop_requests
-from attnkit.training.metrics import MetricsWriter, plot_loss
+from attnkit.training.interrupt import StopRequest, stop_requests
+from attnkit.training.metrics import plot_loss
 from attnkit.training.precision import choose_precision
 from attnkit.training.sampling import sample_text
 from attnkit.training.schedule import lr_at
 from attnkit.training.steps import (  # noqa: F401  (param_groups, lm_loss, evaluate, verdict: re-exported)
-    TrainingDiverged,
     evaluate,
     lm_loss,
     optimizer_step,
@@ -105,7 +89,7 @@ class Trainer:
         self.deadline = (Deadline(config.time_budget, clock, spent_s=spent_s) if config.time_budget is not None and resume is None
                          else None)
         self.closing_s = {"eval": 0.0, "save": 0.0, "sample": 0.0}  # measured costs of what ends a run
-        self._stop = StopRequest()  # replaced by the one run() installs for SIGINT/SIGTERM
+        self.stop_request = StopRequest()  # replaced by the one run() installs for SIGINT/SIGTERM
         self.hooks: list = []  # hook(trainer, record) after each step (main process), see train()
         self.names = names
         try:
@@ -127,7 +111,7 @@ class Trainer:
                                     "weights.")
         self.ctx = dist.init(config.device)  # a missing device is a typed error before anything is written
         self.log = log if self.ctx.is_main else (lambda *a, **k: None)
-        config, model_config, resume_ckpt, init_ckpt = self._open_start(config, resume, init_from, given)
+        config, model_config, resume_ckpt, init_ckpt = start.open_start(self, config, resume, init_from, given)
         if config.overfit:  # every step sees all the samples
             config = replace(config, batch_size=config.overfit_samples)
         self.config, self.device = config, self.ctx.device
@@ -137,17 +121,17 @@ class Trainer:
         if resume is None and self.ctx.is_main and self.run_dir.is_dir():  # refuse early, before loading data
             RunFolder(self.run_dir, log=self.log).check_fresh(config.overwrite)
         if model_config is None:  # a new run's model: from the preset
-            self._check_preset_length()
+            start.check_preset_length(self)
         self.tokenizer = ByteTokenizer()
-        self._build_data()
+        start.build_data(self)
         dist.check_same({**asdict(config), "resume": None if resume is None else str(resume),
                          "init_from": None if init_from is None else str(init_from), "data_sha256": self.data_sha256},
                         self.ctx, n)  # before anything is written: every rank runs the same run
         torch.manual_seed(config.seed)
-        self._build_model(model_config, resume_ckpt or init_ckpt)
+        start.build_model(self, model_config, resume_ckpt or init_ckpt)
         self.step = 0
         if resume_ckpt is not None:
-            self._restore(resume_ckpt, given)
+            start.restore(self, resume_ckpt, given)
         else:
             self._begin()
             self.first_plan = self.total_steps
@@ -157,91 +141,6 @@ class Trainer:
                      f"the learning rate rises to {peak:.3g} at the last step and never decays; pass a smaller "
                      f"{n('warmup')} for a warmup + cosine schedule")
         self.ddp = DistributedDataParallel(self.model) if self.ctx.enabled else None
-
-    def _open_start(self, config: TrainConfig, resume, init_from, given):
-        """The checkpoint a run starts from, verified, and the settings that follow from it:
-        ``(config, model_config or None, resume checkpoint, init checkpoint)``."""
-        n = self.names
-        self.resume_state, self.init_state = None, None
-        if resume is not None:
-            if self.ctx.is_main and set_aside_note(resume):  # a stopped --overwrite: the lock puts the old run back
-                self.folder = RunFolder(resume, log=self.log).acquire()
-            dist.barrier(self.ctx)
-            where = ckpt.resolve(resume)
-            run_dir = run_folder_of(where, resume, fix=f"resume the run folder it belongs to, or start a new run from "
-                                                       f"its weights with {n('init_from')} {resume} {n('run_dir')} NEW.")
-            if self.ctx.is_main and self.folder is None:  # lock first: a run training there must not change the files
-                self.folder = RunFolder(run_dir, log=self.log).acquire()
-            self.resume_state = ckpt.read_state(where)  # its run identity checked against the folder
-            if "train_config" not in self.resume_state:
-                raise ckpt.CheckpointError(
-                    f"{n('resume')} {str(resume)!r}: {where} was not written by the trainer (a converted model has no "
-                    f"training state to continue); start a new run from its weights with {n('init_from')} {resume}.")
-            config, notes = resumed_config(config, self.resume_state, given, run_dir, n)
-            for note in notes:
-                self.log(note)
-            return config, LMConfig.from_dict(self.resume_state["model_config"]), where, None  # never rebuilt
-        if init_from is not None:
-            where = ckpt.resolve(init_from)
-            self.init_state = ckpt.read_state(where)
-            model_config = LMConfig.from_dict(self.init_state["model_config"])
-            config, notes = init_config(config, self.init_state, given, where, model_config, n)
-            for note in notes:
-                self.log(note)
-            return config, model_config, None, where
-        return config, None, None, None  # the model from the preset, once the data's row length is known
-
-    def _build_model(self, model_config: LMConfig | None, where: Path | None) -> None:
-        """The model (from the checkpoint's config, else the preset's), the optimizer, gradient checkpointing
-        and context-parallel accounting; an ``init_from`` checkpoint's weights loaded."""
-        config = self.config
-        if model_config is None:
-            model_config = lm_config(config.preset, **{"vocab_size": self.tokenizer.vocab_size,
-                                                       "max_seq_len": max(self.seq_len, PRESETS[config.preset]
-                                                                          ["max_seq_len"]), **config.model})
-        elif self.seq_len > model_config.max_seq_len:
-            raise AttnkitValueError(f"seq_len={self.seq_len} exceeds max_seq_len={model_config.max_seq_len} of "
-                                    f"the checkpoint {where}; pass {self.names('seq_len')} {model_config.max_seq_len} "
-                                    "or less.")
-        self.model_config = model_config
-        self.model = TransformerLM(self.model_config).to(self.device)
-        if self.init_state is not None:
-            ckpt.load_weights(where, self.model)
-            self.log(f"initialised from {where} (step {self.init_state['step']}, run "
-                     f"{self.init_state.get('run_id')}): a new run with its weights and a fresh optimizer")
-        self.model.gradient_checkpointing = config.grad_checkpointing
-        if self.groups.cp > 1:
-            cp.check_model(self.model)
-            self._cp_counting = contextlib.ExitStack()  # this rank's context-parallel bytes, per step in metrics
-            self._cp_sent = self._cp_counting.enter_context(cp.count_messages())
-        self.optimizer = torch.optim.AdamW(param_groups(self.model, config.weight_decay), lr=config.lr,
-                                           betas=config.betas, fused=False, foreach=True)
-
-    def _check_preset_length(self) -> None:
-        """A new run's rows fit the preset's positions when they are learned (a table of ``max_seq_len`` rows);
-        longer rows with computed positions are said (the model is built for them; each step costs more)."""
-        preset_len = PRESETS[self.config.preset]["max_seq_len"]
-        positions = self.config.model.get("positions", PRESETS[self.config.preset].get("positions", "rope"))
-        if (self.config.seq_len or 0) > preset_len and positions != "learned":
-            self.log(f"note: {self.names('seq_len')} {self.config.seq_len} is {self.config.seq_len / preset_len:.3g}x "
-                     f"the {self.config.preset!r} preset's {preset_len} positions: the model is built for rows of "
-                     f"{self.config.seq_len} ({positions} positions), and attention's cost per row grows with the "
-                     "square of its length")
-        if positions == "learned" and (self.config.seq_len or 0) > preset_len:
-            raise AttnkitValueError(
-                f"{self.names('seq_len')} {self.config.seq_len} is longer than the {preset_len} learned positions of the "
-                f"{self.config.preset!r} preset; pass {self.names('seq_len')} {preset_len} or less, or positions "
-                f"that are computed ({self.names('positions')} rope or alibi) for longer rows.")
-
-    def _restore(self, where: Path, given) -> None:
-        """Continue from checkpoint ``where``: weights, optimizer, RNG, step, precision and schedule."""
-        state, _ = ckpt.load_checkpoint(where, self.model, self.optimizer, rank=self.ctx.rank)
-        self.step, self.precision = state["step"], state["precision"]
-        self.precision_evidence = state.get("precision_evidence", {})
-        self.run_id = state.get("run_id") or ckpt.run_identity(self.run_dir) or record.new_run_id()
-        self.schedule_steps = state.get("schedule_steps", state["total_steps"])
-        self.total_steps = max(self.config.steps, self.step) if "steps" in given else state["total_steps"]
-        self._report_resume(where, state)
 
     def _begin(self) -> None:
         """A new run: its identity, precision and length decided; only now is the run folder touched."""
@@ -256,39 +155,6 @@ class Trainer:
             if self.config.overwrite:
                 self.folder.set_aside()
         dist.barrier(self.ctx)
-
-    def _report_resume(self, where: Path, state: dict) -> None:
-        self.log(f"resumed {where} at step {self.step}/{self.total_steps} ({self.precision}, chosen when the run "
-                 "started)")
-        if self.total_steps != state["total_steps"]:
-            self.log(f"schedule: {state['total_steps']} -> {self.total_steps} steps; the learning rate keeps its warmup + "
-                     f"cosine to step {self.schedule_steps}, then holds its minimum "
-                     f"{self.config.lr * self.config.min_lr_ratio:.3g} to step {self.total_steps}"
-                     if self.total_steps > self.schedule_steps else
-                     f"schedule: stopping at step {self.total_steps}, before the cosine's end at step "
-                     f"{self.schedule_steps}")
-        elif self.step >= self.total_steps:
-            self.log(f"the run already finished at step {self.step}; pass {self.names('steps')} N (N > {self.step}) "
-                     "to extend it")
-        recorded = state.get("data_sha256")
-        if recorded is not None and recorded != self.data_sha256:
-            self.log(f"WARNING: the training data changed since this checkpoint (sha256 {recorded[:12]}... -> "
-                     f"{self.data_sha256[:12]}...): the resumed run continues on different data, so it is no longer "
-                     "the run it was")
-
-    def _build_data(self) -> None:
-        c = self.config
-        self.seq_len = c.seq_len or PRESETS[c.preset]["max_seq_len"]
-        docs = load_documents(c.data)
-        self.data_sha256 = data_fingerprint(docs)
-        train_docs, val_docs = split_by_file(docs, c.val_fraction)
-        self.train_data = PackedDataset(train_docs, self.seq_len, doc_mask=c.doc_mask)
-        self.val_data = PackedDataset(val_docs, self.seq_len, doc_mask=c.doc_mask)
-        if c.overfit:  # the tutorial's sanity check: the same few rows every step
-            self.train_data.num_rows = min(self.train_data.num_rows, c.overfit_samples)
-        self.log(f"data: {c.data or 'Python standard library sources'} - {len(train_docs)} train / "
-                 f"{len(val_docs)} val documents, {self.train_data.num_tokens:,} / {self.val_data.num_tokens:,} "
-                 f"tokens, rows of {self.seq_len}, document mask {'on' if c.doc_mask else 'off'}")
 
     def _decide_precision_and_steps(self) -> tuple[str, int, dict]:
         c = self.config
@@ -321,7 +187,7 @@ class Trainer:
     def run(self) -> TrainResult:
         """Train to the last step; the process group and the run folder are released on every exit path."""
         try:
-            with stop_requests() as self._stop:  # SIGINT/SIGTERM: checkpoint after the current step, then stop
+            with stop_requests() as self.stop_request:  # SIGINT/SIGTERM: checkpoint after the current step, then stop
                 return self._run()
         except BaseException as exc:
             self._failed = True
@@ -357,7 +223,7 @@ class Trainer:
         if c.overfit:
             eval_batches = [self.train_data.rows(torch.arange(self.train_data.num_rows))]
         baseline = unigram_loss(self.train_data, eval_batches, self.tokenizer.vocab_size)
-        self._open_outputs(baseline)
+        record.open_outputs(self, baseline)
         samples = {}
         if c.samples and self.ctx.is_main and self.resume_state is None:
             with self._timed("sample"):  # the closing sample costs as much: a time budget keeps it back
@@ -380,28 +246,7 @@ class Trainer:
         self.log(f"run folder: {self.run_dir} (checkpoints/, metrics.jsonl, loss.png, config.json)")
         return TrainResult(self.run_dir, self.step, loss_value, val_loss, baseline, self.precision, passed, samples)
 
-    def _open_outputs(self, baseline: float) -> None:
-        """metrics.jsonl (cut back to the resumed step), config.json, and what the run is, said once."""
-        c, resumed = self.config, self.resume_state is not None
-        self.metrics = (MetricsWriter(self.run_dir / METRICS, resume_step=self.step if resumed else None,
-                                      log=self.log) if self.ctx.is_main else None)
-        if self.metrics is not None and resumed:
-            problem = self.metrics.verify(self.resume_state.get("metrics"))
-            if problem:
-                self.log(f"WARNING: metrics.jsonl {problem}; the records after the checkpoint continue from step "
-                         f"{self.step}")
-        if self.ctx.is_main and not resumed:
-            record.write_config(self)
-        elif self.ctx.is_main and not record.has_config(self.run_dir):
-            record.write_config(self)  # its checkpoints agree on the run (read_state checked): the identity is back
-            self.log(f"{self.run_dir / RUN_CONFIG} was missing: written again from the checkpoint (run {self.run_id})")
-        origin = f"{c.preset} preset" if not resumed and self.init_state is None else "the checkpoint's own"
-        self.log(f"model: {origin}, {_describe(self.model_config)}, {self.model.num_parameters() / 1e6:.2f} M "
-                 f"parameters, {self.precision}, {self.total_steps} steps of {self._tokens_per_step():,} tokens, "
-                 f"world {self.ctx.world}")
-        self.log(f"unigram baseline loss: {baseline:.3f} nats/token (perplexity {math.exp(baseline):.1f})")
-
-    def _tokens_per_step(self) -> int:
+    def tokens_per_step(self) -> int:
         return self.config.batch_size * self.config.accum * self.seq_len
 
     def _train_steps(self, eval_batches) -> tuple[float, float | None]:
@@ -411,7 +256,7 @@ class Trainer:
         bar = progress_bar(c.progress and self.ctx.is_main, self.total_steps, self.step,
                            "overfit check" if c.overfit else "train")
         self.model.train()  # (the loop reads self.ddp each time: no local may keep DDP alive, see close())
-        loss_value, val_loss, start, tokens_done = float("nan"), None, time.perf_counter(), 0
+        loss_value, val_loss, began, tokens_done = float("nan"), None, time.perf_counter(), 0
         every = record.checkpoint_interval(c.ckpt_every, self.total_steps)
         if self.step == 0 and c.ckpt_every is None:
             self.log(f"checkpoints every {every} steps ({self.names('ckpt_every')} changes it) and on Ctrl-C/SIGTERM")
@@ -422,20 +267,10 @@ class Trainer:
             self.step += 1
             if self.deadline is not None:
                 self._replan(bar)
-            tokens_done += self._tokens_per_step()
+            tokens_done += self.tokens_per_step()
             entry = {"step": self.step, "loss": loss_value, "lr": lr, "grad_norm": grad_norm,
-                     "tokens": self.step * self._tokens_per_step(), "tok_per_s": tokens_done / (time.perf_counter() - start)}
-            if self.groups.cp > 1:
-                entry["cp_bytes_sent"] = self._cp_sent.nbytes()  # rank 0's context-parallel messages
-                self._cp_sent.sent.clear()
-            if self.step % c.eval_every == 0 or self.step == self.total_steps:
-                with self._timed("eval"):
-                    val_loss = evaluate(self.model, eval_batches, self.precision, self.device)
-                entry.update(val_loss=val_loss, val_ppl=math.exp(min(val_loss, 50.0)))
-            if self.metrics is not None:
-                for hook in self.hooks:
-                    hook(self, entry)
-                self.metrics.write(entry)
+                     "tokens": self.step * self.tokens_per_step(), "tok_per_s": tokens_done / (time.perf_counter() - began)}
+            val_loss = self._record_step(entry, eval_batches, val_loss)
             if bar is not None:
                 bar.set_postfix(loss=f"{loss_value:.3f}", tok_s=f"{entry['tok_per_s']:,.0f}",
                                 **({"val": f"{val_loss:.3f}"} if val_loss is not None else {}))
@@ -444,20 +279,40 @@ class Trainer:
             if saved:
                 with self._timed("save"):
                     self.save()
-            if dist.any_rank(self._stop.signum is not None, self.ctx):  # every rank stops after the same step
+            if dist.any_rank(self.stop_request.signum is not None, self.ctx):  # every rank stops after the same step
                 if bar is not None:
                     bar.close()
-                self._interrupted(saved)
+                record.interrupted(self, saved)
         if bar is not None:
             bar.close()
         if self.deadline is not None:
-            budget = self.deadline.summary(self.first_plan, self.step)
-            self.log(f"time budget {budget['seconds']:.0f} s: ran {self.step} steps, {budget['elapsed_s']:.0f} s so far "
-                     f"(first plan {budget['first_plan']} steps from the probe, re-planned {budget['replans']} times "
-                     "from the measured step times)")
-            if self.ctx.is_main:
-                record.write_config(self)  # the steps planned and run, as they ended
+            self._report_budget()
         return loss_value, val_loss
+
+    def _record_step(self, entry: dict, eval_batches, val_loss: float | None) -> float | None:
+        """Complete this step's metrics ``entry`` (context-parallel bytes, validation when due), run the hooks and
+        write it; returns the newest validation loss."""
+        if self.groups.cp > 1:
+            entry["cp_bytes_sent"] = self.cp_sent.nbytes()  # rank 0's context-parallel messages
+            self.cp_sent.sent.clear()
+        if self.step % self.config.eval_every == 0 or self.step == self.total_steps:
+            with self._timed("eval"):
+                val_loss = evaluate(self.model, eval_batches, self.precision, self.device)
+            entry.update(val_loss=val_loss, val_ppl=math.exp(min(val_loss, 50.0)))
+        if self.metrics is not None:
+            for hook in self.hooks:
+                hook(self, entry)
+            self.metrics.write(entry)
+        return val_loss
+
+    def _report_budget(self) -> None:
+        """A time-budget run's end: the steps planned and run, said and written to config.json."""
+        budget = self.deadline.summary(self.first_plan, self.step)
+        self.log(f"time budget {budget['seconds']:.0f} s: ran {self.step} steps, {budget['elapsed_s']:.0f} s so far "
+                 f"(first plan {budget['first_plan']} steps from the probe, re-planned {budget['replans']} times "
+                 "from the measured step times)")
+        if self.ctx.is_main:
+            record.write_config(self)  # the steps planned and run, as they ended
 
     @contextlib.contextmanager
     def _timed(self, what: str):
@@ -481,40 +336,9 @@ class Trainer:
                 bar.total = planned
                 bar.refresh()
 
-    def _diverged(self, step: int, loss: float, grad_norm: float, lr: float) -> None:
-        n = self.names
-        newest = ckpt.list_checkpoints(self.run_dir)
-        kept = (f"the newest checkpoint {newest[-1]} is the last finite one (start a new run from its weights with "
-                f"{n('init_from')} {newest[-1]} and a lower {n('lr')})" if newest else "no checkpoint was written yet")
-        raise TrainingDiverged(
-            f"training stopped at step {step}: the loss is {loss} and the gradient norm {grad_norm} (lr {lr:.3g}); "
-            f"nothing was saved for this step, {kept}. Usual causes: a learning rate too high ({n('lr')} "
-            f"{self.config.lr:g}), no warmup, or bf16 overflow (try {n('precision')} fp32).")
-
-    def _interrupted(self, saved: bool) -> None:
-        """A stop was requested (on some rank): checkpoint this step unless it just was, and raise."""
-        if not saved:
-            self.save()
-        if self.metrics is not None:
-            self.metrics.close()
-        newest = ckpt.list_checkpoints(self.run_dir)[-1] if self.ctx.is_main else None
-        raise TrainingInterrupted(
-            f"stopped by {self._stop.name if self._stop.signum is not None else 'another rank'} after step "
-            f"{self.step}/{self.total_steps}: checkpoint {newest} written; continue the run with "
-            f"{self.names('resume')} {self.run_dir}", run_dir=self.run_dir, step=self.step, checkpoint=newest,
-            signum=self._stop.signum or 15)
-
     def save(self) -> None:
         """Checkpoint the current step (see :func:`attnkit.training.record.save`)."""
         record.save(self)
-
-
-def _describe(config: LMConfig) -> str:
-    """The model in a few words, as built (not as asked)."""
-    kv = f", {config.num_kv_heads} KV heads" if config.num_kv_heads not in (None, config.num_heads) else ""
-    window = f", window {config.window}" if config.window is not None else ""
-    return (f"{config.num_layers} layers, dim {config.embed_dim}, {config.num_heads} heads{kv}, {config.positions} positions"
-            f"{window}")
 
 
 def train(config: TrainConfig, *, resume: str | Path | None = None, init_from: str | Path | None = None,

@@ -1,5 +1,6 @@
 """What a run records about itself: its identity, ``config.json`` and its checkpoints (written through
-:mod:`attnkit.runs.write`, read back by :mod:`attnkit.runs.read`)."""
+:mod:`attnkit.runs.write`, read back by :mod:`attnkit.runs.read`), ``metrics.jsonl`` opened at its start, and the
+checkpoint of a run stopped on request (:func:`interrupted`)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,12 @@ import uuid
 from dataclasses import asdict
 from pathlib import Path
 
+from attnkit.models.config import LMConfig
 from attnkit.runs import write as ckpt
-from attnkit.runs.read import RUN_CONFIG
+from attnkit.runs.read import METRICS, RUN_CONFIG
 from attnkit.training import dist
+from attnkit.training.interrupt import TrainingInterrupted
+from attnkit.training.metrics import MetricsWriter
 
 #: a run without ``ckpt_every`` checkpoints about this many times, and at least every MAX_CKPT_EVERY steps
 CKPTS_PER_RUN, MAX_CKPT_EVERY = 10, 100
@@ -69,3 +73,47 @@ def save(trainer) -> None:
         if trainer.folder is not None:
             trainer.folder.committed()  # the new run has a checkpoint: a run it replaced can go
     dist.barrier(trainer.ctx)
+
+
+def open_outputs(trainer, baseline: float) -> None:
+    """metrics.jsonl (cut back to the resumed step), config.json, and what the run is, said once."""
+    c, resumed = trainer.config, trainer.resume_state is not None
+    trainer.metrics = (MetricsWriter(trainer.run_dir / METRICS, resume_step=trainer.step if resumed else None,
+                                     log=trainer.log) if trainer.ctx.is_main else None)
+    if trainer.metrics is not None and resumed:
+        problem = trainer.metrics.verify(trainer.resume_state.get("metrics"))
+        if problem:
+            trainer.log(f"WARNING: metrics.jsonl {problem}; the records after the checkpoint continue from step "
+                        f"{trainer.step}")
+    if trainer.ctx.is_main and not resumed:
+        write_config(trainer)
+    elif trainer.ctx.is_main and not has_config(trainer.run_dir):
+        write_config(trainer)  # its checkpoints agree on the run (read_state checked): the identity is back
+        trainer.log(f"{trainer.run_dir / RUN_CONFIG} was missing: written again from the checkpoint (run {trainer.run_id})")
+    origin = f"{c.preset} preset" if not resumed and trainer.init_state is None else "the checkpoint's own"
+    trainer.log(f"model: {origin}, {_describe(trainer.model_config)}, {trainer.model.num_parameters() / 1e6:.2f} M "
+                f"parameters, {trainer.precision}, {trainer.total_steps} steps of {trainer.tokens_per_step():,} tokens, "
+                f"world {trainer.ctx.world}")
+    trainer.log(f"unigram baseline loss: {baseline:.3f} nats/token (perplexity {math.exp(baseline):.1f})")
+
+
+def interrupted(trainer, saved: bool) -> None:
+    """A stop was requested (on some rank): checkpoint this step unless it just was, and raise."""
+    if not saved:
+        trainer.save()
+    if trainer.metrics is not None:
+        trainer.metrics.close()
+    newest = ckpt.list_checkpoints(trainer.run_dir)[-1] if trainer.ctx.is_main else None
+    raise TrainingInterrupted(
+        f"stopped by {trainer.stop_request.name if trainer.stop_request.signum is not None else 'another rank'} after step "
+        f"{trainer.step}/{trainer.total_steps}: checkpoint {newest} written; continue the run with "
+        f"{trainer.names('resume')} {trainer.run_dir}", run_dir=trainer.run_dir, step=trainer.step, checkpoint=newest,
+        signum=trainer.stop_request.signum or 15)
+
+
+def _describe(config: LMConfig) -> str:
+    """The model in a few words, as built (not as asked)."""
+    kv = f", {config.num_kv_heads} KV heads" if config.num_kv_heads not in (None, config.num_heads) else ""
+    window = f", window {config.window}" if config.window is not None else ""
+    return (f"{config.num_layers} layers, dim {config.embed_dim}, {config.num_heads} heads{kv}, {config.positions} positions"
+            f"{window}")

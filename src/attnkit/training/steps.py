@@ -17,6 +17,7 @@ from attnkit import _progress, masks
 from attnkit import distributed as cp
 from attnkit.errors import AttnkitError
 from attnkit.models.lm import TransformerLM
+from attnkit.runs import write as ckpt
 from attnkit.training import dist
 from attnkit.training.precision import autocast
 from attnkit.training.schedule import lr_at
@@ -102,7 +103,7 @@ def optimizer_step(trainer, step: int) -> tuple[float, float, float]:
     grad_norm = torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), c.clip)
     loss_value = float(dist.mean(loss_sum, trainer.ctx))
     if not (math.isfinite(loss_value) and math.isfinite(float(grad_norm))):
-        trainer._diverged(step, loss_value, float(grad_norm), lr)
+        diverged(trainer, step, loss_value, float(grad_norm), lr)
     trainer.optimizer.step()
     trainer.optimizer.zero_grad(set_to_none=True)
     return loss_value, float(grad_norm), lr
@@ -134,3 +135,15 @@ def progress_bar(enabled: bool, total: int, initial: int, desc: str = "train"):
     """Progress of optimizer steps (:func:`attnkit._progress.bar`: tqdm on a terminal, plain lines elsewhere), or
     None."""
     return _progress.bar(total, desc=desc, unit="step", initial=initial) if enabled else None
+
+
+def diverged(trainer, step: int, loss: float, grad_norm: float, lr: float) -> None:
+    """Stop a run whose loss or gradient norm is not finite, saying what was kept and the usual causes."""
+    n = trainer.names
+    newest = ckpt.list_checkpoints(trainer.run_dir)
+    kept = (f"the newest checkpoint {newest[-1]} is the last finite one (start a new run from its weights with "
+            f"{n('init_from')} {newest[-1]} and a lower {n('lr')})" if newest else "no checkpoint was written yet")
+    raise TrainingDiverged(
+        f"training stopped at step {step}: the loss is {loss} and the gradient norm {grad_norm} (lr {lr:.3g}); "
+        f"nothing was saved for this step, {kept}. Usual causes: a learning rate too high ({n('lr')} "
+        f"{trainer.config.lr:g}), no warmup, or bf16 overflow (try {n('precision')} fp32).")
