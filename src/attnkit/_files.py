@@ -15,6 +15,7 @@ Users: the HTML report (``diagnostics/report/out.py``), the head-importance figu
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import stat
 import tempfile
@@ -63,6 +64,18 @@ def foreign_entries(folder: Path, ours: Callable[[str], bool]) -> list[str]:
     """The names in ``folder`` that are not regular files attnkit would write there (``ours(name)``): links,
     sub-folders and every other name. An output folder is recognised positively: empty list = only ours."""
     return [p.name for p in sorted(folder.iterdir()) if p.is_symlink() or not p.is_file() or not ours(p.name)]
+
+
+def not_ours(folder: Path, ours: Callable[[str], bool], writer: str, manifest: str) -> tuple[str | None, object]:
+    """``(why folder is not an output of ``writer``, the JSON of its ``manifest`` file)``: the reason is None when
+    every entry is ``ours`` and the manifest reads as JSON; the caller then checks what the manifest says."""
+    unknown = foreign_entries(folder, ours)
+    if unknown:
+        return f"it holds {unknown[:5]}, which {writer} does not write", None
+    try:
+        return None, json.loads((folder / manifest).read_text())
+    except (OSError, ValueError) as exc:
+        return f"its {manifest} can't be read as JSON ({type(exc).__name__}: {exc})", None
 
 
 def _file_type(mode: int) -> str:

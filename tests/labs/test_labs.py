@@ -198,7 +198,7 @@ def test_out_is_never_a_users_folder(tmp_path, capsys):
     with pytest.raises(AttnkitValueError, match="its results.json is not lab 'heads''s \\(lab: 'scale'\\)"):
         check_out_folder(other, "heads")
     (other / "results.json").write_text("{")
-    with pytest.raises(AttnkitValueError, match="it has no readable results.json \\(JSONDecodeError\\)"):
+    with pytest.raises(AttnkitValueError, match="its results.json can't be read as JSON \\(JSONDecodeError"):
         check_out_folder(other, "heads")
     (other / "results.json").write_text(json.dumps({"lab": "heads"}))
     (other / "attn.png").write_bytes(b"")

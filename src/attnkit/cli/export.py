@@ -21,7 +21,6 @@ Shape legend: B batch (1), L probe length, V vocabulary, E hidden size.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -63,15 +62,12 @@ def not_an_export(folder: Path) -> str | None:
     """Why ``folder`` is not an earlier export (None when it is one). Recognised positively: a transformers
     ``config.json`` (a ``model_type``, no attnkit ``run_id``), weights, and nothing but regular files that
     ``save_pretrained`` writes: a run (``checkpoints/``, ``metrics.jsonl``, its lock) or any other file is not."""
-    from attnkit._files import foreign_entries
+    from attnkit._files import not_ours
 
-    unknown = foreign_entries(folder, lambda name: name in EXPORT_FILES or bool(SHARD.match(name)))
-    if unknown:
-        return f"it holds {unknown[:5]}, which an export does not write"
-    try:
-        config = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError) as exc:
-        return f"its config.json can't be read as JSON ({exc})"
+    why, config = not_ours(folder, lambda name: name in EXPORT_FILES or bool(SHARD.match(name)), "an export",
+                           "config.json")
+    if why:
+        return why
     if not isinstance(config, dict) or "model_type" not in config or "run_id" in config:
         return "its config.json is not a transformers model config (no model_type, or an attnkit run's run_id)"
     if not any((folder / name).is_file() for name in WEIGHTS):

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from attnkit._files import foreign_entries
+from attnkit._files import not_ours
 from attnkit.errors import AttnkitValueError
 
 #: the files a lab writes into its folder (plus its PNG plots)
@@ -129,13 +129,10 @@ def summary_markdown(name: str, title: str, size: str, verdicts: list[dict], not
 
 def not_a_lab_output(folder: Path, name: str) -> str | None:
     """Why the non-empty ``folder`` is not an earlier output of the lab ``name`` (None when it is one)."""
-    unknown = foreign_entries(folder, lambda entry: entry in OUTPUT_FILES or entry.endswith(".png"))
-    if unknown:
-        return f"it holds {unknown[:5]}, which a lab does not write"
-    try:
-        payload = json.loads((folder / "results.json").read_text())
-    except (OSError, ValueError) as exc:
-        return f"it has no readable results.json ({type(exc).__name__})"
+    why, payload = not_ours(folder, lambda entry: entry in OUTPUT_FILES or entry.endswith(".png"), "a lab",
+                            "results.json")
+    if why:
+        return why
     if not isinstance(payload, dict) or payload.get("lab") != name:
         found = payload.get("lab") if isinstance(payload, dict) else None
         return f"its results.json is not lab {name!r}'s (lab: {found!r})"
