@@ -6,6 +6,10 @@ The decoder-model protocol (``TransformerLM`` implements it; so can any model bu
     model(tokens (B, L) int64, *, positions: (B|1, L) | None = None, cache: list[KVCache] | None = None,
           key_is_real: (B, Lk_total) bool | None = None) -> logits (B, L, V)
     model.new_cache(batch_size, *, kind="dynamic"|"static"|"sliding", max_length=None) -> list[KVCache]
+    model.positions_from_cache: bool  # optional: True when positions=None with cache= continues the caches
+
+A model that says ``positions_from_cache`` gets ``positions=None`` at every decode step: its caches know where
+each row continues (left padding included), so no position tensor is built, checked or read back per step.
 
 Batches of prompts with different lengths are left-padded. Row b with ``n_b`` pads gives its tokens the
 positions ``column - n_b``: real tokens start at position 0 (so each row computes exactly what it would
@@ -201,8 +205,10 @@ def _decode(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, sto
     stops = torch.tensor(stop_tokens, dtype=torch.long, device=tokens.device)  # (S,)
     caches = model.new_cache(B, kind=cache, max_length=P + max_new_tokens)
     finished = [False] * B
-    # every later step's positions and padding, built once: the loop slices views instead of allocating
-    later = positions[:, -1:] + torch.arange(1, max_new_tokens, device=tokens.device)  # (B, N - 1)
+    # every later step's positions and padding, built once: the loop slices views instead of allocating (a
+    # model whose caches continue their own positions gets None instead)
+    later = None if getattr(model, "positions_from_cache", False) is True else \
+        positions[:, -1:] + torch.arange(1, max_new_tokens, device=tokens.device)  # (B, N - 1)
     if key_is_real is not None:
         key_is_real = torch.cat([key_is_real, key_is_real.new_ones(B, max_new_tokens - 1)], dim=1)  # (B, P + N - 1)
     for step in range(max_new_tokens):
@@ -221,7 +227,7 @@ def _decode(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, sto
                 finished[row] = done_rows[row]
         if all(finished) or step == max_new_tokens - 1:
             return
-        tokens, positions = new[:, None], later[:, step:step + 1]  # (B, 1) each
+        tokens, positions = new[:, None], None if later is None else later[:, step:step + 1]  # (B, 1) each
 
 
 def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int = 64, temperature: float = 0.0,

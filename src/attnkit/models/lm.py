@@ -49,13 +49,17 @@ class TransformerLM(nn.Module):
 
     ``forward(tokens (B, L) int64, *, positions=None, cache=None, key_is_real=None, doc_ids=None,
     token_types=None) -> logits (B, L, V)``. ``positions`` ``(B|1, L)`` are absolute token positions (default
-    ``arange`` after the cached tokens); ``doc_ids`` ``(B, L)`` restricts attention to each packed document
+    ``arange(L)``; with ``cache=``, the positions that continue the cached sequence, which each layer's cache
+    supplies itself: no position tensor to build, check or read back per step); ``doc_ids`` ``(B, L)`` restricts attention to each packed document
     (give positions that restart per document with it); ``key_is_real`` ``(B, Lk)`` marks real keys (cache
     included) in padded batches; ``token_types`` ``(B, L)`` (BERT's segment ids; default 0 when the config has
     token types). ``encode`` returns the final hidden states ``(B, L, E)`` instead of logits.
 
     ``gradient_checkpointing = True`` recomputes each block in the backward pass (less memory, more time).
     """
+
+    #: ``forward(..., cache=c)`` without positions continues the caches (the generation protocol's promise)
+    positions_from_cache = True
 
     def __init__(self, config: LMConfig):
         super().__init__()
@@ -125,13 +129,18 @@ class TransformerLM(nn.Module):
             return None
         return parts[0] if len(parts) == 1 else masks.And(*parts)
 
-    def embed_tokens(self, tokens: torch.Tensor, positions=None, token_types=None) -> torch.Tensor:
-        """Token (+ position, + token type) embeddings, normalised when configured: ``(B, L) -> (B, L, E)``."""
+    def embed_tokens(self, tokens: torch.Tensor, positions=None, token_types=None, *,
+                     position_bound: int | None = None) -> torch.Tensor:
+        """Token (+ position, + token type) embeddings, normalised when configured: ``(B, L) -> (B, L, E)``.
+        ``position_bound``: every position is known (on the host) to be below it, so a learned table checks its
+        range without reading ``positions`` back."""
         L = tokens.shape[1]
         x = self.embed(tokens)  # (B, L, E)
         if self.pos_embed is not None:
             pos = torch.arange(L, device=tokens.device) if positions is None else positions.clamp(min=0)  # pads < 0
-            x = x + self.pos_embed(pos).to(x.dtype)  # (B|1, L, E) broadcast
+            table = self.pos_embed(pos) if position_bound is None or not isinstance(self.pos_embed, Learned) else \
+                self.pos_embed(pos, below=position_bound)  # (B|1, L, E)
+            x = x + table.to(x.dtype)  # (B|1, L, E) broadcast
         if hasattr(self, "type_embed"):
             x = x + (self.type_embed.weight[0] if token_types is None else self.type_embed(token_types))
         elif token_types is not None:
@@ -145,16 +154,16 @@ class TransformerLM(nn.Module):
                token_types=None):
         """Final hidden states ``(B, L, E)`` (after the last norm)."""
         self._check_tokens(tokens)
-        if cache is not None and positions is None:
-            raise AttnkitValueError("positions must be given with cache=: pass the absolute positions (B|1, L) of the "
-                                    "new tokens, e.g. torch.arange(n_cached, n_cached + L)[None].")
+        B, L = tokens.shape
         if cache is not None and len(cache) != len(self.blocks):
             raise AttnkitValueError(f"cache has {len(cache)} entries but the model has {len(self.blocks)} layers; "
                                     "build it with model.new_cache(batch_size).")
+        layer_positions, bound = positions, None
         if cache is None:
-            positions = _none_if_default(positions, tokens)
-        x = self.embed_tokens(tokens, positions, token_types)  # (B, L, E)
-        B, L = tokens.shape
+            positions = layer_positions = _none_if_default(positions, tokens)
+        elif positions is None:  # every layer's cache continues its own sequence: nothing given, nothing to check
+            positions, bound = _continued_positions(cache, L)
+        x = self.embed_tokens(tokens, positions, token_types, position_bound=bound)  # (B, L, E)
         shared: dict[tuple, object] = {}  # one mask per (pattern, layer kind) for the whole forward
 
         def layer_mask(i: int, block: nn.Module):
@@ -174,9 +183,9 @@ class TransformerLM(nn.Module):
             layer_cache = None if cache is None else cache[i]
             mask = layer_mask(i, block)
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-                x = checkpoint(block, x, mask, positions, layer_cache, use_reentrant=False)
+                x = checkpoint(block, x, mask, layer_positions, layer_cache, use_reentrant=False)
             else:
-                x = block(x, mask, positions, layer_cache)
+                x = block(x, mask, layer_positions, layer_cache)
         return self.norm(x)
 
     def forward(self, tokens: torch.Tensor, *, positions=None, cache=None, key_is_real=None, doc_ids=None,
@@ -218,6 +227,27 @@ class TransformerLM(nn.Module):
                 or tokens.dtype == torch.bool:
             raise AttnkitTypeError(f"tokens must be an int64 tensor (B, L), got {describe(tokens)}; pass token ids, "
                                    "e.g. torch.tensor([[1, 2, 3]]).")
+
+
+def _continued_positions(cache: list, L: int) -> tuple[torch.Tensor, int | None]:
+    """The positions ``(B|1, L)`` of ``L`` new tokens that continue the caches (read from the first cache that
+    keeps positions, without a host sync), and the host-side bound below which they all lie (None: unknown).
+    Every layer then continues its own cache: they must hold the same number of tokens."""
+    keeping = [c for c in cache if callable(getattr(c, "next_positions", None))]
+    if not keeping:
+        raise AttnkitValueError("positions must be given with cache= when no layer's cache keeps positions (no "
+                                "next_positions(n)): pass the absolute positions (B|1, L) of the new tokens, e.g. "
+                                "torch.arange(n_cached, n_cached + L)[None].")
+    if torch.compiler.is_compiling():  # host values would specialise the graph on each step
+        return keeping[0].next_positions(L), None
+    lengths = [getattr(c, "length", None) for c in cache]  # host ints
+    if len(set(lengths)) > 1:
+        raise AttnkitValueError(f"positions=None continues the caches, but their layers hold different numbers of "
+                                f"tokens {lengths}; pass positions= explicitly, or start from model.new_cache(batch_size) "
+                                "and feed every layer the same tokens.")
+    first = keeping[0]
+    bound = getattr(first, "position_bound", None)
+    return first.next_positions(L), None if bound is None else bound + L
 
 
 def _none_if_default(positions, tokens: torch.Tensor):

@@ -62,8 +62,9 @@ class MultiHeadAttention(nn.Module):
     With ``cache`` (an :mod:`attnkit.cache` cache, or any object with ``update(k, v, positions)``), the
     new tokens' k and v (after ``rotary``, Hkv heads) go through ``cache.update`` and attention runs over every
     key it returns, at the absolute positions it returns: one code path for prefill, chunked prefill and
-    decoding. ``positions`` (absolute, ``(B|1, L)``) is then required and the mask must be causal; it is
-    evaluated on absolute positions (bottom-right), never on "the last L columns".
+    decoding. ``positions`` (absolute, ``(B|1, L)``) default to the ones the cache continues with
+    (``cache.next_positions(L)``, read without a host sync; a cache without that method needs them given) and
+    the mask must be causal; it is evaluated on absolute positions (bottom-right), never on "the last L columns".
     """
 
     def __init__(self, embed_dim: int, num_heads: int, *, num_kv_heads: int | None = None,
@@ -197,12 +198,14 @@ class MultiHeadAttention(nn.Module):
                 raise AttnkitValueError("cache= is not supported with add_bias_kv/add_zero_attn (torch's extra "
                                         "keys); build the module without them to decode with a cache.")
             _check_cache_call(cache, mask, positions)
+            if positions is None:  # the cache continues its own sequence: nothing to read back or check
+                positions = cache.next_positions(L)  # (B|1, L)
         q, k, v = self.project(x, positions, context=context, value=value, context_positions=context_positions)
         q_positions, kv_positions = positions, positions if context is None else context_positions
         if cache is not None:
             k, v, kv_positions = cache.update(k, v, positions)  # (B, Hkv, Lk, D) x2, (B|1, Lk)
-            if L == 1 and hasattr(cache, "decode_mask"):
-                mask = cache.decode_mask(mask)  # None when the newest query sees every returned key
+            if L == 1 and hasattr(cache, "decode_view"):  # the keys the newest query sees; None mask: all of them
+                k, v, kv_positions, mask = cache.decode_view(k, v, kv_positions, mask)
                 if mask is None and self.score_bias is None:
                     q_positions = kv_positions = None  # no mask, no bias: positions are not needed any more
         if self.bias_k is not None or self.add_zero_attn:
@@ -302,9 +305,10 @@ def _check_cache_call(cache, mask, positions) -> None:
     if not callable(getattr(cache, "update", None)):
         raise AttnkitTypeError(f"cache must be a KV cache with update(k, v, positions) (attnkit.cache.make_cache), "
                                f"got {describe(cache)}; build one per layer with model.new_cache(batch_size).")
-    if positions is None:
-        raise AttnkitValueError("positions must be given with cache=: pass the absolute positions (B|1, L) of the new "
-                                "tokens, e.g. torch.arange(n_cached, n_cached + L)[None].")
+    if positions is None and not callable(getattr(cache, "next_positions", None)):
+        raise AttnkitValueError("positions must be given with cache= when the cache cannot say where its sequence "
+                                f"continues (no next_positions(n): {type(cache).__name__}): pass the absolute positions "
+                                "(B|1, L) of the new tokens, e.g. torch.arange(n_cached, n_cached + L)[None].")
     if hasattr(cache, "check_mask"):
         cache.check_mask(mask)
 
