@@ -50,10 +50,11 @@ class TransformerLM(nn.Module):
     ``forward(tokens (B, L) int64, *, positions=None, cache=None, key_is_real=None, doc_ids=None,
     token_types=None) -> logits (B, L, V)``. ``positions`` ``(B|1, L)`` are absolute token positions (default
     ``arange(L)``; with ``cache=``, the positions that continue the cached sequence, which each layer's cache
-    supplies itself: no position tensor to build, check or read back per step); ``doc_ids`` ``(B, L)`` restricts attention to each packed document
-    (give positions that restart per document with it); ``key_is_real`` ``(B, Lk)`` marks real keys (cache
-    included) in padded batches; ``token_types`` ``(B, L)`` (BERT's segment ids; default 0 when the config has
-    token types). ``encode`` returns the final hidden states ``(B, L, E)`` instead of logits.
+    supplies itself: no position tensor to build, check or read back per step); ``doc_ids`` ``(B, L)``
+    restricts attention to each packed document (give positions that restart per document with it);
+    ``key_is_real`` ``(B, Lk)`` marks real keys (cache included) in padded batches; ``token_types`` ``(B, L)``
+    (BERT's segment ids; default 0 when the config has token types). ``encode`` returns the final hidden states
+    ``(B, L, E)`` instead of logits.
 
     ``gradient_checkpointing = True`` recomputes each block in the backward pass (less memory, more time).
     """
