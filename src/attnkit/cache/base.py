@@ -114,16 +114,16 @@ class CacheBase:
         out = self._store(k, v, positions)
         n = k.shape[2]
         self._advance(n)
-        if torch.compiler.is_compiling():
-            self._host_next = None  # a compiled step reads nothing back
-        elif self._next is None:
-            self._host_next = int(positions[:, -1].max()) + 1  # once per sequence: the bound learned positions check
-        elif self._host_next is not None:
-            self._host_next += n
         if self._next is None:
             self._next = positions[:, -1:].expand(self.batch_size, 1) + 1  # (B, 1)
+            # once per sequence (a compiled step reads nothing back): the bound learned positions are checked on
+            self._host_next = None if torch.compiler.is_compiling() else int(self._next.max())
         else:
             self._next = self._next + n  # the positions were checked to continue from it
+            if torch.compiler.is_compiling():  # written, not read: reading it would guard the graph on its value
+                self._host_next = None
+            elif self._host_next is not None:
+                self._host_next += n
         self._issued = None
         return out
 
@@ -184,6 +184,20 @@ class CacheBase:
 
     # ------------------------------------------------------------------ checks
     def _check(self, k: object, v: object, positions: object) -> torch.Tensor:
+        # the usual call passes in one test; anything else gets the detailed checks and their messages
+        if not (type(k) is torch.Tensor and type(v) is torch.Tensor and k.dim() == 4 and k.shape == v.shape
+                and k.shape[0] == self.batch_size and k.shape[1] == self.num_kv_heads and k.shape[3] == self.head_dim
+                and k.dtype == self.dtype == v.dtype and k.device == self.device == v.device):
+            self._check_kv(k, v)
+        n = k.shape[2]
+        if n == 0:
+            raise AttnkitValueError("update got Lnew=0 new tokens; call the cache with at least one token.")
+        if positions is self._issued and positions is not None and positions.shape[-1] == n:
+            return positions  # the cache's own next_positions(n): continuing by construction
+        return self._check_positions(positions, n, tuple(k.shape))
+
+    def _check_kv(self, k: object, v: object) -> None:
+        """Raise the typed error for keys/values that do not fit the cache."""
         for name, t in (("k", k), ("v", v)):
             if not isinstance(t, torch.Tensor):
                 raise AttnkitTypeError(f"{name} must be a torch.Tensor (B, Hkv, Lnew, D), got {describe(t)}.")
@@ -202,14 +216,12 @@ class CacheBase:
                                         f"with device={t.device}.")
         if k.shape != v.shape:
             raise AttnkitValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape.")
-        n = k.shape[2]
-        if n == 0:
-            raise AttnkitValueError("update got Lnew=0 new tokens; call the cache with at least one token.")
-        if positions is self._issued and positions is not None and positions.shape[-1] == n:
-            return positions  # the cache's own next_positions(n): continuing by construction
+
+    def _check_positions(self, positions: object, n: int, k_shape: tuple) -> torch.Tensor:
+        """``positions`` given for an update of ``n`` tokens, as int64 ``(B|1, n)``, checked to continue the cache."""
         if not _ready(positions, n, self.batch_size, self.device):  # the one check, when not already in its form
             positions = position_ids(positions, length=n, batch=self.batch_size, device=self.device, owner="cache",
-                                     two_dims=True, note=f" for k {tuple(k.shape)}")  # (B|1, Lnew) int64
+                                     two_dims=True, note=f" for k {k_shape}")  # (B|1, Lnew) int64
         if torch.compiler.is_compiling():
             return positions  # value checks need a host sync; eager calls check them
         if self._next is None:

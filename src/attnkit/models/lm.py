@@ -106,7 +106,10 @@ class TransformerLM(nn.Module):
     def pattern(self, layer: int | None = None) -> masks.MaskSpec | None:
         """Layer ``layer``'s own attention pattern: its block's ``mask`` (a sliding window, say), else causal
         for a decoder and None for an encoder. ``layer=None``: the model's default."""
-        own = None if layer is None else getattr(self.blocks[layer], "mask", None)
+        return self._pattern_of(None if layer is None else self.blocks[layer])
+
+    def _pattern_of(self, block: nn.Module | None) -> masks.MaskSpec | None:
+        own = None if block is None else getattr(block, "mask", None)
         return self._default_pattern if own is None else own
 
     def mask(self, *, doc_ids=None, key_is_real=None, positions=None, cached: bool = False, layer: int | None = None):
@@ -116,6 +119,12 @@ class TransformerLM(nn.Module):
         With a cache, padding is evaluated on positions (:func:`~attnkit.models.generation.padding_by_position`,
         right for every cache kind, which may reorder its slots); without, on key indices."""
         pattern = self.pattern(0 if layer is None and len(self.blocks) else layer)
+        return self._mask_on(pattern, doc_ids, key_is_real, positions, cached)
+
+    def _mask_on(self, pattern, doc_ids, key_is_real, positions, cached: bool):
+        """:meth:`mask` for a layer whose pattern is ``pattern``."""
+        if doc_ids is None and key_is_real is None:
+            return pattern
         parts = [] if pattern is None else [pattern]
         if doc_ids is not None:
             parts.append(masks.document(doc_ids))
@@ -142,12 +151,12 @@ class TransformerLM(nn.Module):
             table = self.pos_embed(pos) if position_bound is None or not isinstance(self.pos_embed, Learned) else \
                 self.pos_embed(pos, below=position_bound)  # (B|1, L, E)
             x = x + table.to(x.dtype)  # (B|1, L, E) broadcast
-        if hasattr(self, "type_embed"):
+        if "type_embed" in self._modules:
             x = x + (self.type_embed.weight[0] if token_types is None else self.type_embed(token_types))
         elif token_types is not None:
             raise AttnkitValueError("token_types given but the model has no token-type embeddings "
                                     "(config.type_vocab_size=0); drop token_types or set type_vocab_size.")
-        if hasattr(self, "embed_norm"):
+        if "embed_norm" in self._modules:
             x = self.embed_norm(x)
         return active_dropout(self.dropout, x)
 
@@ -167,14 +176,14 @@ class TransformerLM(nn.Module):
         x = self.embed_tokens(tokens, positions, token_types, position_bound=bound)  # (B, L, E)
         shared: dict[tuple, object] = {}  # one mask per (pattern, layer kind) for the whole forward
 
-        def layer_mask(i: int, block: nn.Module):
+        def layer_mask(block: nn.Module):
             # a layer kind that reads padding by key index (linear attention: its state has no slots to reorder)
             # says so with `mask_by_key_index`; it gets the mask as built, not position-bound
             by_index = getattr(block.attn, "mask_by_key_index", False)
-            key = (id(self.pattern(i)), by_index)
+            pattern = self._pattern_of(block)
+            key = (id(pattern), by_index)
             if key not in shared:
-                mask = self.mask(doc_ids=doc_ids, key_is_real=key_is_real, positions=positions,
-                                 cached=cache is not None and not by_index, layer=i)
+                mask = self._mask_on(pattern, doc_ids, key_is_real, positions, cache is not None and not by_index)
                 if cache is None and not by_index:  # bound once to this forward's positions, shared by the layers
                     mask = masks.prepare(mask, L if positions is None else positions, batch=B)
                 shared[key] = mask
@@ -182,7 +191,7 @@ class TransformerLM(nn.Module):
 
         for i, block in enumerate(self.blocks):
             layer_cache = None if cache is None else cache[i]
-            mask = layer_mask(i, block)
+            mask = layer_mask(block)
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
                 x = checkpoint(block, x, mask, layer_positions, layer_cache, use_reentrant=False)
             else:

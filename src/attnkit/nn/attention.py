@@ -67,6 +67,9 @@ class MultiHeadAttention(nn.Module):
     the mask must be causal; it is evaluated on absolute positions (bottom-right), never on "the last L columns".
     """
 
+    #: padding masks are read on positions (a cache may reorder its slots), not on key indices
+    mask_by_key_index = False
+
     def __init__(self, embed_dim: int, num_heads: int, *, num_kv_heads: int | None = None,
                  head_dim: int | None = None, kdim: int | None = None, vdim: int | None = None,
                  dropout: float = 0.0, bias: bool = True, qkv_bias: bool | None = None,
@@ -132,14 +135,16 @@ class MultiHeadAttention(nn.Module):
         """q ``(B, H, L, D)``, k and v ``(B, Hkv, Lk, D)``, after QK-norm and ``rotary`` when configured."""
         B, L, _ = x.shape
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
-        if context is None and hasattr(self, "qkv_proj"):
+        fused = "qkv_proj" in self._modules
+        if context is None and fused:
             # one matmul; split token-major, then transpose: the backward's cat then writes the (B, L, H + 2Hkv, D)
             # gradient the matmul reads, with no copy back from a head-major (B, H + 2Hkv, L, D) one
             # (q and k are rotated apart: rotating the stacked (B, H + Hkv, L, D) heads costs one more cat backward)
             qkv = self.qkv_proj(x).view(B, L, H + 2 * Hkv, D)  # (B, L, H + 2Hkv, D)
-            q, k, v = (t.transpose(1, 2) for t in qkv.split([H, Hkv, Hkv], dim=2))  # (B, H|Hkv, L, D)
+            q, k, v = qkv.split_with_sizes([H, Hkv, Hkv], dim=2)  # (B, L, H|Hkv, D)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H|Hkv, L, D)
         else:
-            if hasattr(self, "qkv_proj"):  # cross-attention through the fused weight: q from x, k and v from context
+            if fused:  # cross-attention through the fused weight: q from x, k and v from context
                 wq, wk, wv = self.qkv_proj.weight.split([H * D, Hkv * D, Hkv * D])
                 b = self.qkv_proj.bias
                 bq, bk, bv = (None,) * 3 if b is None else b.split([H * D, Hkv * D, Hkv * D])
@@ -169,15 +174,16 @@ class MultiHeadAttention(nn.Module):
     def forward(self, x: torch.Tensor, mask=None, *, context: torch.Tensor | None = None,
                 value: torch.Tensor | None = None, positions: torch.Tensor | None = None,
                 context_positions: torch.Tensor | None = None, cache=None, return_weights: bool = False):
-        self._check_input(x, "x", f"embed_dim={self.embed_dim}", self.embed_dim, None)
+        self._check_input(x, "x", "embed_dim", self.embed_dim, None)
         B, L, _ = x.shape
-        positions = check_positions(positions, "positions", B, L, x.device)  # (B|1, L) or None
+        if positions is not None:
+            positions = check_positions(positions, "positions", B, L, x.device)  # (B|1, L)
         if value is not None and context is None:
             raise AttnkitValueError("value= needs context= (the keys' input); pass context=key, value=value.")
         if context is not None:
-            self._check_input(context, "context", f"kdim={self.kdim}", self.kdim, B)
+            self._check_input(context, "context", "kdim", self.kdim, B)
             if value is not None:
-                self._check_input(value, "value", f"vdim={self.vdim}", self.vdim, B)
+                self._check_input(value, "value", "vdim", self.vdim, B)
                 if value.shape[1] != context.shape[1]:
                     raise AttnkitValueError(f"value has {value.shape[1]} tokens but context has {context.shape[1]}; "
                                             "keys and values come in pairs.")
@@ -190,7 +196,7 @@ class MultiHeadAttention(nn.Module):
                 positions = torch.arange(L, device=x.device)[None] if positions is None else positions  # (B|1, L)
                 context_positions = torch.arange(context.shape[1], device=x.device)[None] \
                     if context_positions is None else context_positions  # (B|1, Lk)
-        elif not hasattr(self, "qkv_proj"):
+        elif "qkv_proj" not in self._modules:
             raise AttnkitValueError(f"this module has kdim={self.kdim}, vdim={self.vdim} != embed_dim="
                                     f"{self.embed_dim}: it is a cross-attention; pass context=(B, Lk, kdim).")
         if cache is not None:
@@ -241,11 +247,11 @@ class MultiHeadAttention(nn.Module):
         return k, v, mask
 
     @staticmethod
-    def _check_input(t, name: str, label: str, width: int, batch: int | None) -> None:
+    def _check_input(t, name: str, width_name: str, width: int, batch: int | None) -> None:
         if not isinstance(t, torch.Tensor) or t.dim() != 3 or t.shape[-1] != width or (
                 batch is not None and t.shape[0] != batch):
             b = "B" if batch is None else f"B={batch}"
-            raise AttnkitValueError(f"{name} must have shape ({b}, L, {label}), got {describe(t)}; attnkit modules "
+            raise AttnkitValueError(f"{name} must have shape ({b}, L, {width_name}={width}), got {describe(t)}; attnkit modules "
                                     "are batch-first (transpose (L, B, E) inputs with .transpose(0, 1)).")
 
     # -------------------------------------------------------------------------------------------- from torch
