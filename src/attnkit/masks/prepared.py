@@ -42,6 +42,7 @@ from attnkit.masks.blocks import BlockCover, BlockGrid, cover
 from attnkit.masks.dense import context_for, default_positions, evaluate
 from attnkit.masks.spec import BoundMask, Causal, Chunked, Dense, Document, MaskContext, MaskSpec, Padding, Strided
 
+_MISSING = object()
 #: forms of small pure causal masks on default positions kept across calls (see PreparedMask.memo(shared=True))
 _SHARED: dict[Any, Any] = {}
 _SHARED_MAX = 32
@@ -173,8 +174,9 @@ class PreparedMask:
         and is kept across calls too, in a small bounded table, when the mask is small (a decode step's
         ``Lq x Lk``, at most ``SHARED_MAX_ENTRIES``): an unprepared ``causal()`` decode call then builds its
         dense form once, not once per call."""
-        if key in self._memo:
-            return self._memo[key]
+        value = self._memo.get(key, _MISSING)
+        if value is not _MISSING:
+            return value
         if shared and self.pure_causal and self.q_len * self.kv_len <= SHARED_MAX_ENTRIES and \
                 not torch.compiler.is_compiling():
             table_key = (key, self.batch, self.q_len, self.kv_len, self.device)
