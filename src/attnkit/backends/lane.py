@@ -46,6 +46,7 @@ class Lane:
     q_positions: torch.Tensor | None
     kv_positions: torch.Tensor | None
     tensors_key: tuple
+    default_scale: float  # 1 / sqrt(D)
 
 
 def plain_call(q, k, v, mask, scale) -> tuple[AttentionCall, Callable[[AttentionCall], torch.Tensor]] | None:
@@ -79,8 +80,8 @@ def plain_call(q, k, v, mask, scale) -> tuple[AttentionCall, Callable[[Attention
     if prepared is None and mask is not None:  # a large causal(): prepared for this call (nothing built until asked)
         B, _, Lq, _ = q.shape
         prepared = PreparedMask.for_call(mask, None, None, B, Lq, k.shape[2], q.device)
-    call = AttentionCall(q, k, v, lane.mask, None, 1.0 / math.sqrt(q.shape[3]) if scale is None else scale, None,
-                         0.0, lane.q_positions, lane.kv_positions, False, prepared, False, None, tensors_key)
+    call = AttentionCall(q, k, v, lane.mask, None, lane.default_scale if scale is None else scale, None, 0.0,
+                         lane.q_positions, lane.kv_positions, False, prepared, False, None, tensors_key)
     return call, lane.run
 
 
@@ -92,4 +93,4 @@ def _lane(q, k, v, mask, tensors_key: tuple) -> Lane:
     run = empty_result if call.is_empty else runner(call) if runner is not None else chosen
     small = call.prepared is None or call.q_len * call.kv_len <= SHARED_MAX_ENTRIES
     keep = call.prepared if (small or type(mask) is not Causal) else None  # a big causal()'s forms are not kept
-    return Lane(run, call.mask, keep, call.q_positions, call.kv_positions, tensors_key)
+    return Lane(run, call.mask, keep, call.q_positions, call.kv_positions, tensors_key, 1.0 / math.sqrt(q.shape[3]))
