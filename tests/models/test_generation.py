@@ -190,6 +190,28 @@ def test_transformer_lm_decode_steps_continue_the_caches_with_the_same_tokens(ki
     assert given[0] is not None and given[1:] == [None] * 5
 
 
+def test_a_model_whose_caches_cannot_continue_still_gets_every_steps_positions():
+    """A TransformerLM subclass whose caches only have update(): generate keeps giving positions (None would be
+    refused: nothing could say where the rows continue)."""
+    from attnkit.models.lm import LMConfig, TransformerLM
+
+    class UpdateOnly:
+        def __init__(self, inner):
+            self.update = inner.update
+
+    class OwnCaches(TransformerLM):
+        def new_cache(self, batch_size, **kwargs):
+            return [UpdateOnly(c) for c in super().new_cache(batch_size, **kwargs)]
+
+    torch.manual_seed(0)
+    config = LMConfig(vocab_size=41, embed_dim=32, num_layers=2, num_heads=4, positions="rope")
+    lm = TransformerLM(config).eval()
+    own = OwnCaches(config).eval()
+    own.load_state_dict(lm.state_dict())
+    prompts = [[3, 4, 5, 6], [9, 10]]
+    assert generate(own, prompts, max_new_tokens=5) == generate(lm, prompts, max_new_tokens=5)
+
+
 @pytest.mark.parametrize("positions", ["rope", "learned"])
 def test_transformer_lm_compiled_decoding_equals_eager_without_recompiles(positions):
     """generate(compile=True): the decode steps of a TransformerLM over a static cache run compiled, the graphs

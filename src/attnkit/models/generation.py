@@ -8,8 +8,9 @@ The decoder-model protocol (``TransformerLM`` implements it; so can any model bu
     model.new_cache(batch_size, *, kind="dynamic"|"static"|"sliding", max_length=None) -> list[KVCache]
     model.positions_from_cache: bool  # optional: True when positions=None with cache= continues the caches
 
-A model that says ``positions_from_cache`` gets ``positions=None`` at every decode step: its caches know where
-each row continues (left padding included), so no position tensor is built, checked or read back per step.
+A model that says ``positions_from_cache`` gets ``positions=None`` at every decode step when its caches can say
+where each row continues (``next_positions``; left padding included), so no position tensor is built, checked or
+read back per step.
 
 Batches of prompts with different lengths are left-padded. Row b with ``n_b`` pads gives its tokens the
 positions ``column - n_b``: real tokens start at position 0 (so each row computes exactly what it would
@@ -207,8 +208,9 @@ def _decode(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, sto
     finished = [False] * B
     # every later step's positions and padding, built once: the loop slices views instead of allocating (a
     # model whose caches continue their own positions gets None instead)
-    later = None if getattr(model, "positions_from_cache", False) is True else \
-        positions[:, -1:] + torch.arange(1, max_new_tokens, device=tokens.device)  # (B, N - 1)
+    from_cache = getattr(model, "positions_from_cache", False) is True and isinstance(caches, (list, tuple)) and \
+        any(callable(getattr(c, "next_positions", None)) for c in caches)
+    later = None if from_cache else positions[:, -1:] + torch.arange(1, max_new_tokens, device=tokens.device)  # (B, N - 1)
     if key_is_real is not None:
         key_is_real = torch.cat([key_is_real, key_is_real.new_ones(B, max_new_tokens - 1)], dim=1)  # (B, P + N - 1)
     for step in range(max_new_tokens):

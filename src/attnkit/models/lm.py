@@ -119,10 +119,6 @@ class TransformerLM(nn.Module):
         With a cache, padding is evaluated on positions (:func:`~attnkit.models.generation.padding_by_position`,
         right for every cache kind, which may reorder its slots); without, on key indices."""
         pattern = self.pattern(0 if layer is None and len(self.blocks) else layer)
-        return self._mask_on(pattern, doc_ids, key_is_real, positions, cached)
-
-    def _mask_on(self, pattern, doc_ids, key_is_real, positions, cached: bool):
-        """:meth:`mask` for a layer whose pattern is ``pattern``."""
         if doc_ids is None and key_is_real is None:
             return pattern
         parts = [] if pattern is None else [pattern]
@@ -176,14 +172,14 @@ class TransformerLM(nn.Module):
         x = self.embed_tokens(tokens, positions, token_types, position_bound=bound)  # (B, L, E)
         shared: dict[tuple, object] = {}  # one mask per (pattern, layer kind) for the whole forward
 
-        def layer_mask(block: nn.Module):
+        def layer_mask(i: int, block: nn.Module):
             # a layer kind that reads padding by key index (linear attention: its state has no slots to reorder)
             # says so with `mask_by_key_index`; it gets the mask as built, not position-bound
             by_index = getattr(block.attn, "mask_by_key_index", False)
-            pattern = self._pattern_of(block)
-            key = (id(pattern), by_index)
-            if key not in shared:
-                mask = self._mask_on(pattern, doc_ids, key_is_real, positions, cache is not None and not by_index)
+            key = (id(self._pattern_of(block)), by_index)
+            if key not in shared:  # self.mask: the hook a subclass may override
+                mask = self.mask(doc_ids=doc_ids, key_is_real=key_is_real, positions=positions,
+                                 cached=cache is not None and not by_index, layer=i)
                 if cache is None and not by_index:  # bound once to this forward's positions, shared by the layers
                     mask = masks.prepare(mask, L if positions is None else positions, batch=B)
                 shared[key] = mask
@@ -191,7 +187,7 @@ class TransformerLM(nn.Module):
 
         for i, block in enumerate(self.blocks):
             layer_cache = None if cache is None else cache[i]
-            mask = layer_mask(block)
+            mask = layer_mask(i, block)
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
                 x = checkpoint(block, x, mask, layer_positions, layer_cache, use_reentrant=False)
             else:
