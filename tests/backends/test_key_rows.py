@@ -22,7 +22,9 @@ def _qkv(B, H, Hkv, L, D, dtype=torch.float32, seed=0):
 
 @pytest.fixture
 def key_row_segments(monkeypatch):
-    """The segment count of every key-row group that ran."""
+    """The segment count of every key-row group that ran; inference takes key rows from BLOCK queries on here
+    (by default from KEY_ROW_MIN_QUERIES), so that the small shapes below exercise them."""
+    monkeypatch.setattr(blocksparse, "KEY_ROW_MIN_QUERIES", relative.BLOCK)
     ran = []
     original = blocksparse._sdpa_key_row
 
@@ -101,9 +103,34 @@ def test_key_rows_only_where_exact(key_row_segments, case):
 
 
 def test_explain_names_the_key_rows():
-    q = torch.randn(1, 4, 512, 16)
-    text = ak.explain(q, q, q, M.prepare(M.causal(), 512), bias=ak.positions.ALiBi(4), backend="blocksparse")
+    q = torch.randn(1, 4, 1024, 16)
+    text = ak.explain(q, q, q, M.prepare(M.causal(), 1024), bias=ak.positions.ALiBi(4), backend="blocksparse")
     assert "3 heads as causal SDPA calls with the bias as a row of key terms" in str(text)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_short_inference_takes_the_offset_table_pieces(monkeypatch, dtype):
+    """Below KEY_ROW_MIN_QUERIES queries the fused kernel's causal flag computes the whole square (its key
+    blocks hold 512 keys), so inference runs every head as offset-table pieces, which compute the triangle;
+    gradients still take key rows (the kernel's backward). Both against the oracle."""
+    rows, pieces = [], []
+    original_row, original_piece = blocksparse._sdpa_key_row, blocksparse._sdpa_piece
+    monkeypatch.setattr(blocksparse, "_sdpa_key_row", lambda *a: rows.append(1) or original_row(*a))
+    monkeypatch.setattr(blocksparse, "_sdpa_piece", lambda *a: pieces.append(1) or original_piece(*a))
+    L = 512  # < KEY_ROW_MIN_QUERIES
+    q, k, v = _qkv(1, 4, 2, L, 32, dtype=dtype)
+    bias = ak.positions.ALiBi(4)
+    with torch.no_grad():
+        out = ak.attention(q, k, v, M.prepare(M.causal(), L), bias=bias, backend="blocksparse")
+    assert not rows and pieces
+    text = str(ak.explain(q, k, v, M.prepare(M.causal(), L), bias=bias, backend="blocksparse"))
+    assert "SDPA with the table slice as its float mask, 4 query pieces" in text and "key terms" not in text
+    golden = ak.reference_attention(q.double(), k.double(), v.double(), M.causal(), bias=bias)
+    assert_within_rule(out, ak.reference_attention(q, k, v, M.causal(), bias=bias), golden)
+    if dtype == torch.float32:
+        q.requires_grad_(True)
+        ak.attention(q, k, v, M.causal(), bias=bias, backend="blocksparse").sum().backward()
+        assert rows  # 1/64, 1/256 as one key-row call with gradients
 
 
 def test_key_row_is_the_last_querys_bias():

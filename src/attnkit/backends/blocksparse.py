@@ -49,6 +49,11 @@ SPARSE_MIN_QUERIES = 128
 #: SDPA's is_causal without the bias from 256 to 4096 keys, where SDPA with the dense bias gave 0.21-0.31x
 #: up to 1024 (2-core Xeon with AMX, CPU time)
 RELATIVE_MIN_KEYS = 256
+#: inference runs ALiBi causal heads as key rows (SDPA's causal flag) from this many queries on: below, the fused
+#: CPU kernel's causal flag skipped nothing (its query blocks are small there: N = 512, H = 4, float32, causal
+#: 2.47 ms vs the full square 2.43 ms; at 1024, 7.24 vs 9.45), so the offset table's pieces, which compute the
+#: triangle, were faster (ALiBi causal at N = 512: 0.88x SDPA causal without bias, key rows 0.75x; 768: even)
+KEY_ROW_MIN_QUERIES = 768
 
 
 class BlockSparseBackend:
@@ -89,9 +94,10 @@ class BlockSparseBackend:
         if runs is not None:
             return runs.describe()
         mask, _ = _mask_and_context(call)
-        groups = relative_groups(call, mask, sdpa=_relative_on_sdpa(call), key_rows=_key_row_segments(call))
+        sdpa = _relative_on_sdpa(call)
+        groups = relative_groups(call, mask, sdpa=sdpa, key_rows=_key_row_segments(call))
         if groups is not None:
-            return describe(groups, call)
+            return describe(groups, call, sdpa)
         plans = make_plans(call)
         return "skips unreachable key blocks: " + plans[0].describe() + (
             f" (per batch row, {len(plans)} plans)" if len(plans) > 1 else "")
@@ -156,14 +162,18 @@ def _key_row_segments(call: AttentionCall) -> int:
     beside its causal flag and has a backward, in float32 (or half precision) from :data:`BLOCK` queries on,
     without dropout or softcap. With autograd one segment (the segments' merge reads the kernel's log-sum-exp,
     which its backward does not differentiate): forward+backward then costs what SDPA's causal kernel does
-    (measured 38.8 vs 38.4 ms at N = 2048, H = 2, where the tiled kernel took 66.4 ms)."""
+    (measured 38.8 vs 38.4 ms at N = 2048, H = 2, where the tiled kernel took 66.4 ms). For inference only from
+    :data:`KEY_ROW_MIN_QUERIES` queries on: below, the offset table's pieces are faster."""
     half = call.q.dtype in (torch.float16, torch.bfloat16)
     if not (call.q.device.type == "cpu" and call.dropout_p == 0 and call.softcap is None and call.q_len >= BLOCK
             and (half or call.q.dtype == torch.float32)
             and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")):
         return 0
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (call.q, call.k, call.v))
-    return 1 if half or grad else KEY_ROW_SEGMENTS
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (call.q, call.k, call.v)):
+        return 1
+    if call.q_len < KEY_ROW_MIN_QUERIES:
+        return 0
+    return 1 if half else KEY_ROW_SEGMENTS
 
 
 def _sdpa_key_row(call: AttentionCall, group: HeadGroup, k, v) -> torch.Tensor:

@@ -46,6 +46,9 @@ REACH_STEP = 32
 #: float32's subnormal range (< e^-87): slope 1/4 at N = 1024 ran 1.9x the causal kernel's time per head with
 #: 60, 0.9x with 30
 REACH_CUTOFF = 30.0
+#: what the scores can add (``2 * scale * max|q| * max|k|``) is rounded up to a multiple of this before the reach
+#: is looked up (layers share it; at most MARGIN_STEP / slope more keys)
+MARGIN_STEP = 2.0
 #: a kernel call's fixed cost in score entries: heads join a group (computing keys beyond their reach, as -inf)
 #: when that costs less than calls of their own (measured on ALiBi causal at N = 512-4096: 65536 beat 8192 by
 #: 4-9% and one group for all heads by up to 27%)
@@ -104,11 +107,11 @@ def relative_groups(call: AttentionCall, mask: MaskSpec | None, sdpa: bool = Fal
     if q0 is None or k0 is None:
         return None
     base = k0 - q0  # d = base + j - i for query index i and key index j
-    rows = _key_row_heads(call, interval, base, key_rows) if key_rows else (0,) * call.num_heads
-    if all(rows):  # no head reads the table: skip the reach (it reads q and k)
-        per_head = [interval] * call.num_heads
-    else:
-        per_head = _head_intervals(call, interval, base, REACH_CUTOFF if sdpa else CUTOFF)  # one interval per head
+    key = call.bias.memo_key()
+    rows = (0,) * call.num_heads if not key_rows else _key_row_heads(call, interval, base, key_rows) \
+        if call.prepared is None or key is None else call.prepared.memo(
+            ("key_row_heads", key, interval, base, key_rows), lambda: _key_row_heads(call, interval, base, key_rows))
+    per_head = _head_intervals(call, interval, base, REACH_CUTOFF if sdpa else CUTOFF, rows)  # one per head
     table = OffsetTable(call, interval, per_head, base)  # every group reads its heads' slices of one table
     layout = _layout(call, base, per_head, rows) if call.prepared is None else call.prepared.memo(
         ("relative_layout", base, tuple(per_head), rows),
@@ -179,43 +182,80 @@ def _cost(call: AttentionCall, base: int, heads: int, interval: Interval) -> int
     return heads * sum(p.lq * p.lk for p in pieces) + CALL_ENTRIES * len(pieces)
 
 
-def describe(groups: list[HeadGroup], call: AttentionCall) -> str:
+def describe(groups: list[HeadGroup], call: AttentionCall, sdpa: bool = False) -> str:
+    """What :func:`relative_groups` planned, for ``ak.explain`` (``sdpa``: the pieces run on SDPA)."""
     work = sum((g.heads.stop - g.heads.start) * p.lq * p.lk for g in groups for p in g.pieces)
     work /= max(1, call.num_heads * call.q_len * call.kv_len)
     pruned = f", {len(groups)} head groups by how far their bias reaches" if len(groups) > 1 else ""
     rows = sum(g.heads.stop - g.heads.start for g in groups if g.key_row)
     rows = f"; {rows} heads as causal SDPA calls with the bias as a row of key terms" if rows else ""
-    return (f"tiled kernel, {len(groups[0].pieces)} query pieces against the keys their offsets allow, bias "
+    kernel = "SDPA with the table slice as its float mask" if sdpa else "tiled kernel"
+    return (f"{kernel}, {len(groups[0].pieces)} query pieces against the keys their offsets allow, bias "
             f"from an offset table{pruned}; computes {100 * work:.1f}% of the Lq x Lk entries{rows}")
 
 
-def _head_intervals(call: AttentionCall, interval: Interval, base: int, cutoff: float) -> list[Interval]:
+def _head_intervals(call: AttentionCall, interval: Interval, base: int, cutoff: float,
+                    whole: tuple[int, ...]) -> list[Interval]:
     """The mask's interval per head, narrowed to the bias's reach (``cutoff`` beyond what the scores can add)
-    where every query sees offset 0."""
+    where every query sees offset 0. Only heads whose reach may end inside the call (:func:`_may_cut`) read
+    the norms of q and k; the rest, and heads in ``whole`` (key rows), keep the mask's interval."""
     d_lo, d_hi = interval
+    H = call.num_heads
     sees_zero = (d_lo is None or d_lo <= 0) and (d_hi is None or d_hi >= 0) and base <= 0 \
         and call.q_len - 1 - base < call.kv_len  # key j = i - base exists for every query i
-    if not sees_zero:
-        return [interval] * call.num_heads
+    cut = _may_cut(call, cutoff, whole) if sees_zero else []
+    if not cut:  # no head's reach can end inside the call: the norms aren't read
+        return [interval] * H
+    heads, G = slice(cut[0], cut[-1] + 1), H // call.num_kv_heads  # the heads whose norms are read
+    kv = slice(heads.start // G, (heads.stop - 1) // G + 1)  # their KV heads
     with torch.no_grad():
         dtype = torch.promote_types(call.q.dtype, torch.float32)  # norms without a float32 copy of q and k
-        q_norm = torch.linalg.vector_norm(call.q.detach(), dim=-1, dtype=dtype).amax(dim=(0, 2))  # (H,)
-        k_norm = torch.linalg.vector_norm(call.k.detach(), dim=-1, dtype=dtype).amax(dim=(0, 2))  # (Hkv,)
-        k_norm = k_norm.repeat_interleave(call.num_heads // call.num_kv_heads)  # (H,)
-        margin = cutoff + 2 * call.scale * q_norm * k_norm  # (H,) most a score can rise above offset 0's
-        reach = call.bias.reach(margin)
+        q_norm = torch.linalg.vector_norm(call.q[:, heads].detach(), dim=-1, dtype=dtype).amax(dim=(0, 2))  # (h,)
+        k_norm = torch.linalg.vector_norm(call.k[:, kv].detach(), dim=-1, dtype=dtype).amax(dim=(0, 2))  # (hkv,)
+        norms = torch.cat([q_norm, k_norm]).tolist()  # one read back: small host arithmetic from here
+    margin = [cutoff] * H
+    for h in range(heads.start, heads.stop):  # most a score can rise above offset 0's, rounded up (exact: a
+        # wider reach only computes more) so that layers with similar norms share the memo's reach
+        rise = 2 * abs(call.scale) * norms[h - heads.start] * norms[heads.stop - heads.start + h // G - kv.start]
+        margin[h] += MARGIN_STEP * math.ceil(rise / MARGIN_STEP) if math.isfinite(rise) else math.inf
+    reach = _reach(call, tuple(margin))
     if reach is None:
-        return [interval] * call.num_heads
-    out = []
-    for r in reach.tolist():
-        if not math.isfinite(r) or r >= call.q_len + call.kv_len:  # reaches every key: the heads group together
-            out.append(interval)
-            continue
-        # beyond r keys the weight is exactly 0 after the cutoff; rounded up to a multiple of REACH_STEP so that
-        # layers whose norms differ a little share the offset table (a wider reach only computes more, exactly)
-        r = REACH_STEP * math.ceil(r / REACH_STEP)
-        out.append((-r if d_lo is None else max(d_lo, -r), r if d_hi is None else min(d_hi, r)))
-    return out
+        return [interval] * H
+    return [_narrow(call, interval, r) if h in cut else interval for h, r in enumerate(reach)]
+
+
+def _reach(call: AttentionCall, margin: tuple[float, ...]) -> list[float] | None:
+    """The bias's reach per head for ``margin`` (:meth:`~attnkit._bias.StructuredBias.reach`), kept in the
+    prepared mask's memo when the bias has a memo key (a few tiny tensor operations per call otherwise)."""
+    def build() -> list[float] | None:
+        reach = call.bias.reach(torch.tensor(margin, dtype=torch.float64))  # (H,)
+        return None if reach is None else reach.tolist()
+    key = call.bias.memo_key()
+    return build() if call.prepared is None or key is None else call.prepared.memo(("reach", key, margin), build)
+
+
+def _narrow(call: AttentionCall, interval: Interval, r: float) -> Interval:
+    """``interval`` cut to offsets within ``r`` of 0 (beyond, the weight is exactly 0 after the cutoff),
+    ``r`` rounded up to a multiple of :data:`REACH_STEP` so that layers whose norms differ a little share
+    the offset table (a wider reach only computes more, exactly); unchanged when ``r`` reaches every key."""
+    if not math.isfinite(r) or r >= call.q_len + call.kv_len:
+        return interval
+    r = REACH_STEP * math.ceil(r / REACH_STEP)
+    return -r if interval[0] is None else max(interval[0], -r), r if interval[1] is None else min(interval[1], r)
+
+
+def _may_cut(call: AttentionCall, cutoff: float, whole: tuple[int, ...]) -> list[int]:
+    """The heads, not in ``whole``, whose least reach (the scores adding nothing) ends before ``Lq + Lk``: only
+    theirs can narrow. Narrowing also keeps far keys' weights out of float32's slow subnormal range (their
+    table entries are -inf) where a group computes them for a wider head. Kept in the prepared mask's memo when
+    the bias has a memo key (the prepared mask fixes Lq and Lk)."""
+    def build() -> list[int]:
+        floor = call.bias.reach(torch.full((call.num_heads,), cutoff, dtype=torch.float64))  # (H,)
+        span = call.q_len + call.kv_len
+        return [] if floor is None else [h for h, r in enumerate(floor.tolist()) if not whole[h] and r < span]
+    key = call.bias.memo_key()
+    return build() if call.prepared is None or key is None else call.prepared.memo(
+        ("reach_may_cut", key, cutoff, whole), build)
 
 
 def _pieces(interval: Interval, base: int, Lq: int, Lk: int) -> list[Piece]:
