@@ -108,17 +108,16 @@ def test_explain_names_the_key_rows():
     assert "3 heads as causal SDPA calls with the bias as a row of key terms" in str(text)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_short_inference_takes_the_offset_table_pieces(monkeypatch, dtype):
+def test_short_float32_inference_takes_the_offset_table_pieces(monkeypatch):
     """Below KEY_ROW_MIN_QUERIES queries the fused kernel's causal flag computes the whole square (its key
-    blocks hold 512 keys), so inference runs every head as offset-table pieces, which compute the triangle;
-    gradients still take key rows (the kernel's backward). Both against the oracle."""
+    blocks hold 512 keys), so float32 inference runs every head as offset-table pieces, which compute the
+    triangle; gradients still take key rows (the kernel's backward). Both against the oracle."""
     rows, pieces = [], []
     original_row, original_piece = blocksparse._sdpa_key_row, blocksparse._sdpa_piece
     monkeypatch.setattr(blocksparse, "_sdpa_key_row", lambda *a: rows.append(1) or original_row(*a))
     monkeypatch.setattr(blocksparse, "_sdpa_piece", lambda *a: pieces.append(1) or original_piece(*a))
     L = 512  # < KEY_ROW_MIN_QUERIES
-    q, k, v = _qkv(1, 4, 2, L, 32, dtype=dtype)
+    q, k, v = _qkv(1, 4, 2, L, 32)
     bias = ak.positions.ALiBi(4)
     with torch.no_grad():
         out = ak.attention(q, k, v, M.prepare(M.causal(), L), bias=bias, backend="blocksparse")
@@ -127,10 +126,46 @@ def test_short_inference_takes_the_offset_table_pieces(monkeypatch, dtype):
     assert "SDPA with the table slice as its float mask, 4 query pieces" in text and "key terms" not in text
     golden = ak.reference_attention(q.double(), k.double(), v.double(), M.causal(), bias=bias)
     assert_within_rule(out, ak.reference_attention(q, k, v, M.causal(), bias=bias), golden)
-    if dtype == torch.float32:
-        q.requires_grad_(True)
-        ak.attention(q, k, v, M.causal(), bias=bias, backend="blocksparse").sum().backward()
-        assert rows  # 1/64, 1/256 as one key-row call with gradients
+    q.requires_grad_(True)
+    ak.attention(q, k, v, M.causal(), bias=bias, backend="blocksparse").sum().backward()
+    assert rows  # 1/64, 1/256 as one key-row call with gradients
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("amx, heads", [(True, [4]), (False, [3])])
+def test_half_precision_inference_runs_every_head_as_one_key_row_call(monkeypatch, dtype, amx, heads):
+    """Half precision inference: one key-row call for every head whose row spans at most HALF_KEY_ROW_SPAN
+    (float32's rounding of the row stays far below half precision's); with AMX tiles steep heads too (their
+    subnormal weights cost nothing measurable there), without them slope 1/4 (a fall of 128 in one kernel
+    block) stays on the offset table. Against the oracle."""
+    groups = []
+    original = blocksparse._sdpa_key_row
+    monkeypatch.setattr(blocksparse, "_sdpa_key_row",
+                        lambda call, g, k, v: groups.append(g.heads.stop - g.heads.start) or original(call, g, k, v))
+    monkeypatch.setattr(blocksparse, "_amx", lambda: amx, raising=False)
+    q, k, v = _qkv(2, 4, 2, 512, 32, dtype=dtype)
+    bias = ak.positions.ALiBi(4)  # slopes 1/4 .. 1/256: spans 128 .. 2
+    with torch.no_grad():
+        out = ak.attention(q, k, v, M.prepare(M.causal(), 512), bias=bias, backend="blocksparse")
+    assert groups == heads
+    golden = ak.reference_attention(q.double(), k.double(), v.double(), M.causal(), bias=bias)
+    assert_within_rule(out, ak.reference_attention(q, k, v, M.causal(), bias=bias), golden)
+
+
+def test_half_precision_key_rows_stop_at_their_span(monkeypatch):
+    """A row spanning more than HALF_KEY_ROW_SPAN (slope 16 over 512 keys: 8176) stays on the offset table."""
+    groups = []
+    original = blocksparse._sdpa_key_row
+    monkeypatch.setattr(blocksparse, "_sdpa_key_row",
+                        lambda call, g, k, v: groups.append(g.heads.stop - g.heads.start) or original(call, g, k, v))
+    monkeypatch.setattr(blocksparse, "_amx", lambda: True, raising=False)
+    q, k, v = _qkv(1, 2, 2, 512, 32, dtype=torch.bfloat16)
+    bias = ak.positions.ALiBi(2, slopes=torch.tensor([16.0, 0.01]))
+    with torch.no_grad():
+        out = ak.attention(q, k, v, M.causal(), bias=bias, backend="blocksparse")
+    assert groups == [1]  # 0.01 only
+    golden = ak.reference_attention(q.double(), k.double(), v.double(), M.causal(), bias=bias)
+    assert_within_rule(out, ak.reference_attention(q, k, v, M.causal(), bias=bias), golden)
 
 
 def test_key_row_is_the_last_querys_bias():

@@ -65,6 +65,9 @@ KEY_ROW_SPAN = 32.0
 #: the offset table: their bias would push weights into float32's subnormal range (below e^-87), where x86
 #: matrix products slow down (measured: slope 1/4 ran at 0.41-0.50x the causal kernel at N = 1024-4096)
 KEY_ROW_SEGMENTS = 4
+#: in half precision (inference) a key row may span this much in one call: float32's rounding of the row then
+#: moves a weight by at most 2048 * 2^-24 (1.2e-4 relative), an eighth of float16's resolution
+HALF_KEY_ROW_SPAN = 4096.0
 #: keys per block of SDPA's fused CPU kernel: a head's bias may fall at most 2 * KEY_ROW_SPAN across one block,
 #: so that weights stay out of the subnormal range inside it (slope 1/4 at N = 512, a fall of 128, ran 1.6x the
 #: causal kernel's time per head)
@@ -90,13 +93,25 @@ class HeadGroup:
         return self.table.terms(piece, slice(self.heads.start + start, self.heads.start + stop))
 
 
+@dataclass(frozen=True)
+class KeyRowRule:
+    """Which heads may run as causal calls with their key row (:func:`key_row`): those whose row spans at most
+    ``span`` in each of at most ``segments`` query segments and falls at most ``block_fall`` across one kernel
+    block of :data:`KERNEL_KEY_BLOCK` keys (None: no limit, where weights in the subnormal range cost nothing
+    measurable)."""
+
+    segments: int
+    span: float = KEY_ROW_SPAN
+    block_fall: float | None = 2 * KEY_ROW_SPAN
+
+
 def relative_groups(call: AttentionCall, mask: MaskSpec | None, sdpa: bool = False,
-                    key_rows: int = 0) -> list[HeadGroup] | None:
+                    key_rows: KeyRowRule | None = None) -> list[HeadGroup] | None:
     """The head groups of an offset-only call, or None when the call isn't one (bias not relative, mask not
     an offset interval, positions not consecutive or not shared by the batch rows). ``sdpa``: the pieces run
     on SDPA (keys beyond :data:`REACH_CUTOFF` skipped, not the tiled kernel's CUTOFF); ``key_rows``: the caller
-    can run heads as causal calls with a key row (:func:`key_row`) in up to this many query segments; heads
-    that qualify get groups of their own marked with their segment count."""
+    can run heads as causal calls with a key row (:func:`key_row`) under this rule; heads that qualify get
+    groups of their own marked with their segment count."""
     if not (isinstance(call.bias, StructuredBias) and call.bias.relative):
         return None
     interval = (None, None) if mask is None else mask.offsets()
@@ -108,7 +123,7 @@ def relative_groups(call: AttentionCall, mask: MaskSpec | None, sdpa: bool = Fal
         return None
     base = k0 - q0  # d = base + j - i for query index i and key index j
     key = call.bias.memo_key()
-    rows = (0,) * call.num_heads if not key_rows else _key_row_heads(call, interval, base, key_rows) \
+    rows = (0,) * call.num_heads if key_rows is None else _key_row_heads(call, interval, base, key_rows) \
         if call.prepared is None or key is None else call.prepared.memo(
             ("key_row_heads", key, interval, base, key_rows), lambda: _key_row_heads(call, interval, base, key_rows))
     per_head = _head_intervals(call, interval, base, REACH_CUTOFF if sdpa else CUTOFF, rows)  # one per head
@@ -136,12 +151,12 @@ def _layout(call: AttentionCall, base: int, per_head: list[Interval],
     return [(slice(h0, h1), _pieces(iv, base, call.q_len, call.kv_len)) for h0, h1, iv in groups]
 
 
-def _key_row_heads(call: AttentionCall, interval: Interval, base: int, most: int) -> tuple[int, ...]:
+def _key_row_heads(call: AttentionCall, interval: Interval, base: int, rule: KeyRowRule) -> tuple[int, ...]:
     """Per head: the query segments it needs to run as causal calls with its key row (0: it can't), exactly:
     the mask is causal (every key at or before the query), queries and keys are the same positions (the
-    kernel's causal flag aligns top-left), the bias is linear there, and its row spans at most
-    :data:`KEY_ROW_SPAN` in each of at most ``most`` segments, and per kernel block (the caller asks one
-    segment for half precision, whose merge would round each segment's output first, and for autograd)."""
+    kernel's causal flag aligns top-left), the bias is linear there, and its row keeps to ``rule`` (the
+    caller asks one segment for half precision, whose merge would round each segment's output first, and for
+    autograd)."""
     d_lo, d_hi = interval
     causal = d_hi == 0 and (d_lo is None or d_lo <= 1 - call.kv_len)
     if not (call.bias.causal_linear and causal and base == 0 and call.q_len == call.kv_len):
@@ -149,9 +164,10 @@ def _key_row_heads(call: AttentionCall, interval: Interval, base: int, most: int
     row = key_row(call)  # (H, Lk)
     out = []
     for span in (row.amax(-1) - row.amin(-1)).tolist():
-        segments = max(1, math.ceil(span / KEY_ROW_SPAN))
+        segments = max(1, math.ceil(span / rule.span))
         block_fall = span * min(1.0, KERNEL_KEY_BLOCK / max(1, call.kv_len - 1))  # across one kernel block
-        out.append(segments if segments <= most and block_fall <= 2 * KEY_ROW_SPAN else 0)
+        fits = segments <= rule.segments and (rule.block_fall is None or block_fall <= rule.block_fall)
+        out.append(segments if fits else 0)
     return tuple(out)
 
 
@@ -167,6 +183,23 @@ def key_row(call: AttentionCall) -> torch.Tensor:
         return call.bias.score(h, torch.full((), call.kv_len - 1, device=dev), j).float()  # (H, Lk)
     key = call.bias.memo_key()
     return build() if call.prepared is None or key is None else call.prepared.memo(("key_row", key), build)
+
+
+def segment_rows(call: AttentionCall, heads: slice, segments: int) -> list[tuple[int, int, torch.Tensor]]:
+    """The key rows of ``heads`` cut into ``segments`` query segments ``[a, b)``: ``(a, b, (h, Lk))``, each row
+    less its segment's middle value (the bias at the diagonal block's ends averaged), so that its entries stay
+    small. Kept in the prepared mask's memo beside :func:`key_row` (a mask built per call made the kernel call
+    itself 5-7% slower than one it had read before, bfloat16 at N = 512)."""
+    def build() -> list[tuple[int, int, torch.Tensor]]:
+        row = key_row(call)[heads]  # (h, Lk)
+        size, out = -(-call.q_len // segments), []
+        for a in range(0, call.q_len, size):
+            b = min(a + size, call.q_len)
+            out.append((a, b, row - (row[:, a:a + 1] + row[:, b - 1:b]) / 2))  # (h, Lk)
+        return out
+    key = call.bias.memo_key()
+    return build() if call.prepared is None or key is None else call.prepared.memo(
+        ("segment_rows", key, heads.start, heads.stop, segments), build)
 
 
 def _union(a: Interval, b: Interval) -> Interval:
@@ -295,14 +328,21 @@ class OffsetTable:
         assert x0 >= 0 and x0 + piece.lk <= self.width, "piece outside the offset table"
         return self.table[None, heads, :piece.lq, x0:x0 + piece.lk]
 
-    def empty_rows(self) -> torch.Tensor:
-        """``(Lq,)`` bool on the CPU: the queries the mask lets see no key (their output is 0)."""
+    def empty_rows(self) -> torch.Tensor | None:
+        """``(Lq,)`` bool on the CPU: the queries the mask lets see no key (their output is 0), None when there
+        are none; kept in the prepared mask's memo (it fixes Lq, Lk and the positions)."""
+        if self.call.prepared is None:
+            return self._empty_rows()
+        return self.call.prepared.memo(("empty_rows", self.interval, self.base), self._empty_rows)
+
+    def _empty_rows(self) -> torch.Tensor | None:
         d_lo, d_hi = self.interval
         i = torch.arange(self.call.q_len)  # (Lq,) key j = i - base + d sits at offset d
         lo = torch.zeros_like(i) if d_lo is None else (i - self.base + d_lo).clamp(min=0)  # lowest visible key
         hi = torch.full_like(i, self.call.kv_len - 1) if d_hi is None else (i - self.base + d_hi).clamp(
             max=self.call.kv_len - 1)  # highest
-        return lo > hi
+        empty = lo > hi  # (Lq,)
+        return empty if bool(empty.any()) else None
 
     @property
     def table(self) -> torch.Tensor:
