@@ -217,14 +217,17 @@ def _cost(call: AttentionCall, base: int, heads: int, interval: Interval) -> int
 
 def describe(groups: list[HeadGroup], call: AttentionCall, sdpa: bool = False) -> str:
     """What :func:`relative_groups` planned, for ``ak.explain`` (``sdpa``: the pieces run on SDPA)."""
-    work = sum((g.heads.stop - g.heads.start) * p.lq * p.lk for g in groups for p in g.pieces)
-    work /= max(1, call.num_heads * call.q_len * call.kv_len)
-    pruned = f", {len(groups)} head groups by how far their bias reaches" if len(groups) > 1 else ""
     rows = sum(g.heads.stop - g.heads.start for g in groups if g.key_row)
-    rows = f"; {rows} heads as causal SDPA calls with the bias as a row of key terms" if rows else ""
+    rows_text = f"{rows} heads as causal SDPA calls with the bias as a row of key terms"
+    table = [g for g in groups if not g.key_row]
+    if not table:
+        return f"{rows_text} (no offset table)"
+    work = sum((g.heads.stop - g.heads.start) * p.lq * p.lk for g in table for p in g.pieces)
+    work /= max(1, (call.num_heads - rows) * call.q_len * call.kv_len)
+    pruned = f", {len(table)} head groups by how far their bias reaches" if len(table) > 1 else ""
     kernel = "SDPA with the table slice as its float mask" if sdpa else "tiled kernel"
-    return (f"{kernel}, {len(groups[0].pieces)} query pieces against the keys their offsets allow, bias "
-            f"from an offset table{pruned}; computes {100 * work:.1f}% of the Lq x Lk entries{rows}")
+    return (f"{kernel}, {len(table[0].pieces)} query pieces against the keys their offsets allow, bias from an "
+            f"offset table{pruned}; computes {100 * work:.1f}% of the Lq x Lk entries" + (f"; {rows_text}" if rows else ""))
 
 
 def _head_intervals(call: AttentionCall, interval: Interval, base: int, cutoff: float,
