@@ -152,6 +152,20 @@ def test_half_precision_inference_runs_every_head_as_one_key_row_call(monkeypatc
     assert_within_rule(out, ak.reference_attention(q, k, v, M.causal(), bias=bias), golden)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_key_rows_near_their_span_limit_match_the_oracle(key_row_segments, dtype):
+    """Rows spanning up to ~4000 (slope 3.9 over 1024 keys) in one call, large scores (q, k scaled by 3)."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 4, 1024, 32, generator=g) * s for s in (3.0, 3.0, 1.0))
+    q, k, v = (t.to(dtype) for t in (q, k, v))
+    bias = ak.positions.ALiBi(4, slopes=torch.tensor([3.9, 0.5, 0.01, 0.0]))
+    with torch.no_grad():
+        out = ak.attention(q, k, v, M.prepare(M.causal(), 1024), bias=bias, backend="blocksparse")
+    assert key_row_segments == [1] or not blocksparse._amx()  # without AMX tiles 3.9 and 0.5 stay on the table
+    golden = ak.reference_attention(q.double(), k.double(), v.double(), M.causal(), bias=bias)
+    assert_within_rule(out, ak.reference_attention(q, k, v, M.causal(), bias=bias), golden)
+
+
 def test_half_precision_key_rows_stop_at_their_span(monkeypatch):
     """A row spanning more than HALF_KEY_ROW_SPAN (slope 16 over 512 keys: 8176) stays on the offset table."""
     groups = []
