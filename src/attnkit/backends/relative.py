@@ -25,7 +25,9 @@ Shape legend: B batch, H heads, Lq/Lk lengths, lq/lk a piece's query/key counts,
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
@@ -74,6 +76,7 @@ HALF_KEY_ROW_SPAN = 4096.0
 KERNEL_KEY_BLOCK = 512
 
 Interval = tuple[int | None, int | None]
+T = TypeVar("T")
 
 
 @dataclass
@@ -122,10 +125,8 @@ def relative_groups(call: AttentionCall, mask: MaskSpec | None, sdpa: bool = Fal
     if q0 is None or k0 is None:
         return None
     base = k0 - q0  # d = base + j - i for query index i and key index j
-    key = call.bias.memo_key()
-    rows = (0,) * call.num_heads if key_rows is None else _key_row_heads(call, interval, base, key_rows) \
-        if call.prepared is None or key is None else call.prepared.memo(
-            ("key_row_heads", key, interval, base, key_rows), lambda: _key_row_heads(call, interval, base, key_rows))
+    rows = (0,) * call.num_heads if key_rows is None else _bias_memo(
+        call, ("key_row_heads", interval, base, key_rows), lambda: _key_row_heads(call, interval, base, key_rows))
     per_head = _head_intervals(call, interval, base, REACH_CUTOFF if sdpa else CUTOFF, rows)  # one per head
     table = OffsetTable(call, interval, per_head, base)  # every group reads its heads' slices of one table
     layout = _layout(call, base, per_head, rows) if call.prepared is None else call.prepared.memo(
@@ -181,8 +182,7 @@ def key_row(call: AttentionCall) -> torch.Tensor:
         h = torch.arange(call.num_heads, device=dev)[:, None]  # (H, 1)
         j = torch.arange(call.kv_len, device=dev)[None, :]  # (1, Lk)
         return call.bias.score(h, torch.full((), call.kv_len - 1, device=dev), j).float()  # (H, Lk)
-    key = call.bias.memo_key()
-    return build() if call.prepared is None or key is None else call.prepared.memo(("key_row", key), build)
+    return _bias_memo(call, ("key_row",), build)
 
 
 def segment_rows(call: AttentionCall, heads: slice, segments: int) -> list[tuple[int, int, torch.Tensor]]:
@@ -197,9 +197,15 @@ def segment_rows(call: AttentionCall, heads: slice, segments: int) -> list[tuple
             b = min(a + size, call.q_len)
             out.append((a, b, row - (row[:, a:a + 1] + row[:, b - 1:b]) / 2))  # (h, Lk)
         return out
-    key = call.bias.memo_key()
-    return build() if call.prepared is None or key is None else call.prepared.memo(
-        ("segment_rows", key, heads.start, heads.stop, segments), build)
+    return _bias_memo(call, ("segment_rows", heads.start, heads.stop, segments), build)
+
+
+def _bias_memo(call: AttentionCall, key: tuple, build: Callable[[], T]) -> T:
+    """``build()`` kept in the prepared mask's memo under ``key`` and the bias's memo key (the prepared mask
+    fixes Lq, Lk, the positions and the device; the bias's key what it scores); built per call without a
+    prepared mask or when the bias can't say what it is."""
+    bias_key = call.bias.memo_key()
+    return build() if call.prepared is None or bias_key is None else call.prepared.memo((*key, bias_key), build)
 
 
 def _union(a: Interval, b: Interval) -> Interval:
@@ -266,8 +272,7 @@ def _reach(call: AttentionCall, margin: tuple[float, ...]) -> list[float] | None
     def build() -> list[float] | None:
         reach = call.bias.reach(torch.tensor(margin, dtype=torch.float64))  # (H,)
         return None if reach is None else reach.tolist()
-    key = call.bias.memo_key()
-    return build() if call.prepared is None or key is None else call.prepared.memo(("reach", key, margin), build)
+    return _bias_memo(call, ("reach", margin), build)
 
 
 def _narrow(call: AttentionCall, interval: Interval, r: float) -> Interval:
@@ -289,9 +294,7 @@ def _may_cut(call: AttentionCall, cutoff: float, whole: tuple[int, ...]) -> list
         floor = call.bias.reach(torch.full((call.num_heads,), cutoff, dtype=torch.float64))  # (H,)
         span = call.q_len + call.kv_len
         return [] if floor is None else [h for h, r in enumerate(floor.tolist()) if not whole[h] and r < span]
-    key = call.bias.memo_key()
-    return build() if call.prepared is None or key is None else call.prepared.memo(
-        ("reach_may_cut", key, cutoff, whole), build)
+    return _bias_memo(call, ("reach_may_cut", cutoff, whole), build)
 
 
 def _pieces(interval: Interval, base: int, Lq: int, Lk: int) -> list[Piece]:
