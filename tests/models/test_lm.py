@@ -295,6 +295,18 @@ def test_config_round_trips_through_json_dict():
     assert LMConfig.from_dict(config.to_dict()) == config
 
 
+@pytest.mark.parametrize("kind", ["dynamic", "static"])
+def test_learned_positions_past_the_table_still_raise_when_the_caches_supply_them(kind):
+    """The learned table's range check, moved to the cache's host-side bound, still fires: offset prompts too."""
+    model = _model(positions="learned", max_seq_len=8)
+    cache = model.new_cache(1, kind=kind, max_length=12)
+    with torch.inference_mode():
+        model(torch.zeros(1, 3, dtype=torch.long), positions=torch.arange(4, 7)[None], cache=cache)
+        model(torch.zeros(1, 1, dtype=torch.long), cache=cache)  # position 7: the table's last
+        with pytest.raises(AttnkitValueError, match=r"positions must be < max_positions=8, got value 8"):
+            model(torch.zeros(1, 1, dtype=torch.long), cache=cache)
+
+
 def _one_layer_ahead() -> list:
     """A 2-layer model's caches where only the first layer saw a prompt (the user fed the layers separately)."""
     caches = _model().new_cache(1)
@@ -308,8 +320,10 @@ def _one_layer_ahead() -> list:
 def test_cached_forward_without_positions_continues_the_caches(kind, positions, monkeypatch):
     """model(tokens, cache=c) without positions: every layer continues its own cache (offset prompts too), logits
     bitwise equal to passing the positions, and nothing read back from the device per step by the model, its
-    layers, caches or learned table (the old code raised; given positions cost a check per layer, and a learned
-    table read its min and max; ak.attention's own checks are its business)."""
+    layers, caches or learned table after one read per sequence (the old code raised; given positions cost a
+    check per layer, and a learned table read its min and max; ak.attention's own checks are its business)."""
+    from attnkit.cache import base
+
     torch.manual_seed(0)
     model = _model(positions=positions)
     tokens = torch.randint(0, V, (2, 9))
@@ -334,7 +348,8 @@ def test_cached_forward_without_positions_continues_the_caches(kind, positions, 
         for t in range(5, 9):
             reads.clear()
             got = model(tokens[:, t:t + 1], cache=free)
-            assert reads == [], reads
+            # once per sequence, the first cache's largest position comes back to the host (the learned table's bound)
+            assert reads == ([f"__int__ in {base.__file__}"] if t == 5 else []), reads
             assert torch.equal(got, model(tokens[:, t:t + 1], positions=start + t, cache=given))
 
 

@@ -33,6 +33,8 @@ from attnkit.masks import MaskSpec
 #: position of an empty slot in a fixed-shape cache: later than any query, so every causal mask hides it
 EMPTY_POSITION = 2**62
 
+_UNREAD = -1  # CacheBase._host_next: known on the device, read back when first asked for
+
 
 class CacheFullError(AttnkitValueError):
     """A cache with a fixed capacity was asked to store more tokens than it holds."""
@@ -116,13 +118,12 @@ class CacheBase:
         self._advance(n)
         if self._next is None:
             self._next = positions[:, -1:].expand(self.batch_size, 1) + 1  # (B, 1)
-            # once per sequence (a compiled step reads nothing back): the bound learned positions are checked on
-            self._host_next = None if torch.compiler.is_compiling() else int(self._next.max())
+            self._host_next = None if torch.compiler.is_compiling() else _UNREAD  # read once, when first asked
         else:
             self._next = self._next + n  # the positions were checked to continue from it
             if torch.compiler.is_compiling():  # written, not read: reading it would guard the graph on its value
                 self._host_next = None
-            elif self._host_next is not None:
+            elif self._host_next is not None and self._host_next != _UNREAD:
                 self._host_next += n
         self._issued = None
         return out
@@ -142,7 +143,10 @@ class CacheBase:
     @property
     def position_bound(self) -> int | None:
         """One past the largest position stored so far, as a Python int (None: empty, or only known on the device
-        after compiled steps): the next ``n`` tokens sit below ``position_bound + n``."""
+        after compiled steps): the next ``n`` tokens sit below ``position_bound + n``. Read from the device once
+        per sequence, the first time it is asked for; kept on the host after that."""
+        if self._host_next == _UNREAD:
+            self._host_next = int(self._next.max())
         return self._host_next
 
     @property
