@@ -190,6 +190,28 @@ def test_transformer_lm_decode_steps_continue_the_caches_with_the_same_tokens(ki
     assert given[0] is not None and given[1:] == [None] * 5
 
 
+def test_generate_asks_a_model_that_takes_it_for_the_last_positions_logits_only(monkeypatch):
+    """The prefill's head runs on the last prompt token only (logits_to_keep=1) when the model's forward takes it
+    (a P x V matmul saved per call); a model without it is called as before; the tokens are the same."""
+    from attnkit.models.lm import LMConfig, TransformerLM
+
+    torch.manual_seed(0)
+    lm = TransformerLM(LMConfig(vocab_size=41, embed_dim=32, num_layers=2, num_heads=4)).eval()
+    prompts = [[3, 4, 5, 6, 7, 8], [9, 10]]
+    want = generate(_GivenPositions(lm), prompts, max_new_tokens=4)  # its __call__ takes no logits_to_keep
+    widths = []
+    forward = TransformerLM.forward
+
+
+    def spy(self, tokens, *, logits_to_keep=0, **kw):  # the signature generate reads
+        widths.append((logits_to_keep, tokens.shape[1]))
+        return forward(self, tokens, logits_to_keep=logits_to_keep, **kw)
+
+    monkeypatch.setattr(TransformerLM, "forward", spy)
+    assert generate(lm, prompts, max_new_tokens=4) == want
+    assert widths == [(1, 6), (1, 1), (1, 1), (1, 1)]
+
+
 def test_a_model_whose_caches_cannot_continue_still_gets_every_steps_positions():
     """A TransformerLM subclass whose caches only have update(): generate keeps giving positions (None would be
     refused: nothing could say where the rows continue)."""

@@ -307,6 +307,16 @@ def test_learned_positions_past_the_table_still_raise_when_the_caches_supply_the
             model(torch.zeros(1, 1, dtype=torch.long), cache=cache)
 
 
+def test_logits_to_keep_gives_the_last_positions_logits():
+    torch.manual_seed(0)
+    model = _model()
+    tokens = torch.randint(0, V, (2, 7))
+    with torch.no_grad():
+        full = model(tokens)
+        for n in (1, 3, 7):
+            assert (model(tokens, logits_to_keep=n) - full[:, -n:]).abs().max().item() <= 1e-6
+
+
 def _one_layer_ahead() -> list:
     """A 2-layer model's caches where only the first layer saw a prompt (the user fed the layers separately)."""
     caches = _model().new_cache(1)
@@ -372,6 +382,10 @@ def test_cached_forward_without_positions_continues_the_caches(kind, positions, 
     (lambda: _model()(torch.zeros(1, 4, dtype=torch.long), positions=torch.arange(4)[None], cache=[]),
      AttnkitValueError, "cache has 0 entries but the model has 2 layers"),
     (lambda: build_encoder("nano").new_cache(1), AttnkitValueError, "new_cache needs a causal decoder"),
+    (lambda: _model()(torch.zeros(1, 4, dtype=torch.long), logits_to_keep=-1), AttnkitValueError,
+     r"logits_to_keep must be >= 0, got -1; pass 0 \(every position\) or n > 0 \(the last n\)"),
+    (lambda: _model()(torch.zeros(1, 4, dtype=torch.long), logits_to_keep=True), AttnkitTypeError,
+     "logits_to_keep must be an int, got True"),
 ])
 def test_errors(make, error, match):
     with pytest.raises(error, match=match):

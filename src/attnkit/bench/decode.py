@@ -266,8 +266,7 @@ def _run_lm_vs_bare(args) -> None:
     record["notes"] = ("Medians of round-robin runs in random order, one process; speed_ratios = bare-loop time / "
                        "attnkit time (>= 1.0: attnkit at least as fast). Greedy, B=1, prompt 32, 64 new tokens; "
                        "compile time excluded (one warm-up call). attnkit's decode steps pass no positions (the "
-                       "caches continue their own); its prefill computes the logits of every prompt token (the "
-                       "decoder protocol), the bare loops only the last one's.")
+                       "caches continue their own); every prefill computes the last prompt token's logits only.")
     print(f"wrote {write_results('decode_lm_vs_bare', record, args.out)}")
 
 

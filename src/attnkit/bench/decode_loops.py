@@ -61,7 +61,7 @@ class CompiledGreedy:
         for cache in self.caches:
             cache.reset()
         with torch.inference_mode():
-            logits = self.model(prompt, positions=torch.arange(P)[None], cache=self.caches)  # (B, P, V)
+            logits = self.model(prompt, positions=torch.arange(P)[None], cache=self.caches, logits_to_keep=1)  # (B, 1, V)
             tok = logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
             out = [tok]
             for _ in range(new_tokens - 1):

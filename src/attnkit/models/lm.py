@@ -27,6 +27,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from attnkit import masks
+from attnkit._checks import integer
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
 from attnkit.models.blocks import (  # noqa: F401  (re-exported: the names used to live here)
     ATTENTION_LAYERS,
@@ -195,9 +196,16 @@ class TransformerLM(nn.Module):
         return self.norm(x)
 
     def forward(self, tokens: torch.Tensor, *, positions=None, cache=None, key_is_real=None, doc_ids=None,
-                token_types=None):
-        return self.head(self.encode(tokens, positions=positions, cache=cache, key_is_real=key_is_real,
-                                     doc_ids=doc_ids, token_types=token_types))  # (B, L, V)
+                token_types=None, logits_to_keep: int = 0):
+        """Logits ``(B, L, V)``; ``logits_to_keep=n`` > 0: of the last ``n`` positions only, ``(B, n, V)`` (the
+        head's matmul on n rows: generation needs the last prompt token's, not every one's)."""
+        if type(logits_to_keep) is not int or logits_to_keep:
+            integer(logits_to_keep, "logits_to_keep", low=0, fix="pass 0 (every position) or n > 0 (the last n).")
+        hidden = self.encode(tokens, positions=positions, cache=cache, key_is_real=key_is_real, doc_ids=doc_ids,
+                             token_types=token_types)  # (B, L, E)
+        if logits_to_keep:
+            hidden = hidden[:, -logits_to_keep:]  # (B, n, E)
+        return self.head(hidden)  # (B, L|n, V)
 
     def new_cache(self, batch_size: int, *, kind: str = "dynamic", max_length: int | None = None) -> list:
         """One KV cache per layer (``attnkit.cache``): ``"dynamic"`` grows, ``"static"`` preallocates
