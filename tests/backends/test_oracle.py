@@ -83,9 +83,10 @@ DEVICES = [pytest.param("cpu"), pytest.param("cuda", marks=pytest.mark.skipif(
 GRID_BACKENDS = {"cpu": [b for b in ak.backends.available() if b != "flex"], "cuda": ak.backends.available()}
 BACKENDS = sorted(set(GRID_BACKENDS["cpu"]) | set(GRID_BACKENDS["cuda"]))
 #: the share of its grid cases each backend must serve (not refuse), per device: sdpa refuses only softcap
-#: (32 of 260 cases), flex only dense float biases (32 of 260), blocksparse and math nothing
-SERVED_SHARE = {("cpu", "math"): 1.0, ("cpu", "sdpa"): 0.85, ("cpu", "blocksparse"): 1.0,
-                ("cuda", "math"): 1.0, ("cuda", "sdpa"): 0.85, ("cuda", "blocksparse"): 1.0, ("cuda", "flex"): 0.85}
+#: (32 of 260 cases), flex only dense float biases (32 of 260), blocksparse, eager and math nothing
+SERVED_SHARE = {("cpu", "math"): 1.0, ("cpu", "sdpa"): 0.85, ("cpu", "blocksparse"): 1.0, ("cpu", "eager"): 1.0,
+                ("cuda", "math"): 1.0, ("cuda", "sdpa"): 0.85, ("cuda", "blocksparse"): 1.0, ("cuda", "eager"): 1.0,
+                ("cuda", "flex"): 0.85}
 LOW_DTYPES = [torch.bfloat16, torch.float16]
 LOW_SHAPES = ["gqa-65-d59", "mqa-63x129"]
 SHAPE_BY_ID = dict(zip(SHAPE_IDS, SHAPES))

@@ -24,6 +24,7 @@ import torch
 from attnkit._validation import AttentionCall
 from attnkit.backends.base import Backend, Rank
 from attnkit.backends.blocksparse import BlockSparseBackend
+from attnkit.backends.eager import EagerBackend
 from attnkit.backends.flex import FlexBackend
 from attnkit.backends.math import MathBackend
 from attnkit.backends.sdpa import SDPABackend
@@ -68,7 +69,7 @@ def unregister(name: str) -> Backend:
     return backend
 
 
-for _backend in (SDPABackend(), BlockSparseBackend(), FlexBackend(), MathBackend()):
+for _backend in (SDPABackend(), BlockSparseBackend(), FlexBackend(), EagerBackend(), MathBackend()):
     register(_backend)
 
 

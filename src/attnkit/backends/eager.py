@@ -1,0 +1,98 @@
+"""The ``eager`` backend: the formula as a handful of PyTorch ops, for short calls no fused kernel serves.
+
+A logit softcap (Gemma 2) has no SDPA form, and the block-skipping path (the tiled kernel) is built for long
+calls: a decode step or a short prompt with a softcap pays its per-piece bookkeeping for nothing, and the
+``math`` reference path is written to be read, not to be fast. This backend is what transformers' eager
+attention does, with attnkit's conventions kept:
+
+    scores = q k^T * scale            GQA folded: the G query heads of one KV head are G x Lq rows of it
+    scores = softcap * tanh(scores / softcap); + bias; masked entries -inf   (float32 for half inputs)
+    p      = dropout(softmax(scores)) rows with no visible key opened, their output set to 0 after
+    out    = p @ v                    (float32 accumulation for half inputs), NaN queries propagated
+
+It materialises the ``(B, H, Lq, Lk)`` scores, so ``auto`` ranks it only for calls with a softcap of at most
+``EAGER_MAX_ENTRIES`` query x key entries per head; it serves any mask, a float or structured bias and dropout,
+but not weights or sinks.
+
+Shape legend: B batch, H query heads, Hkv key/value heads, G = H // Hkv, Lq/Lk lengths, D/Dv head dims.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from attnkit._bias import StructuredBias
+from attnkit._validation import AttentionCall
+from attnkit.backends.base import Rank
+from attnkit.functional.reference import propagate_nan_queries
+
+#: the most query x key entries per head for which ``auto`` picks this backend (a softcap call): measured on a
+#: 2-core Xeon, torch 2.13, fp32, H=8, Hkv=4, D=32, causal: 0.13-0.2x the time of ``blocksparse`` at Lq=1 (40-2048
+#: keys) and at 16 x 16, 0.55x at 128 x 128, but 0.85-1.2x at 256 x 256 and 1.7x at 512 x 512 (``ak.attention``
+#: with ``backend=`` each, side by side; Gemma-2's ``generate`` in ``attnkit bench hf --parts generate`` uses it)
+EAGER_MAX_ENTRIES = 1 << 14
+
+
+class EagerBackend:
+    name = "eager"
+    ranks_by_signature = True  # supports/rank read the call's signature only
+    traceable = True
+
+    def available(self) -> list[str]:
+        return []
+
+    def supports(self, call: AttentionCall) -> list[str]:
+        reasons = []
+        if call.return_weights:
+            reasons.append("eager does not return attention weights (use backend='math')")
+        return reasons
+
+    def rank(self, call: AttentionCall) -> Rank:
+        if call.softcap is None:
+            return Rank(-5, "no softcap: a fused SDPA kernel serves this call better")
+        if call.q_len * call.kv_len > EAGER_MAX_ENTRIES:
+            return Rank(-5, f"a softcap on a long call (Lq x Lk = {call.q_len * call.kv_len} > {EAGER_MAX_ENTRIES}): "
+                            "blocksparse's tiled kernel never holds the scores")
+        return Rank(8, "a softcap, which no fused kernel has, on a short call: q k^T, softcap, mask, softmax, @ v "
+                       "as a few PyTorch ops")
+
+    def plan(self, call: AttentionCall) -> str:
+        fold = "; GQA folded (no repeated keys)" if call.num_kv_heads != call.num_heads else ""
+        return f"materialises the (B, H, Lq, Lk) scores in float32{fold}"
+
+    def __call__(self, call: AttentionCall) -> torch.Tensor:
+        q, k, v = call.q, call.k, call.v
+        B, H, Lq, D = q.shape
+        Hkv, Lk = call.num_kv_heads, call.kv_len
+        half = q.dtype in (torch.float16, torch.bfloat16)
+        if half:  # scores and products accumulate in float32, as the reference and every fused kernel do
+            q, k, v = q.float(), k.float(), v.float()
+        rows = q.reshape(B, Hkv, (H // Hkv) * Lq, D)  # (B, Hkv, G*Lq, D): query head j*G+g is rows g*Lq.. of j
+        scores = (rows @ k.transpose(-2, -1)).view(B, H, Lq, Lk)  # (B, H, Lq, Lk), before the scale
+        if call.softcap is not None:  # softcap * tanh(scores * scale / softcap), the scale folded in
+            scores = call.softcap * torch.tanh(scores * (call.scale / call.softcap))
+        else:
+            scores = scores * call.scale
+        if isinstance(call.bias, StructuredBias):
+            scores = scores + call.bias.materialize(*call.positions()).to(scores.dtype)
+        elif call.bias is not None:
+            scores = scores + call.bias.to(scores.dtype)
+        empty = None
+        if call.prepared is not None and call.prepared.sdpa_flag(Lq, Lk) != "none":  # ("none": every key visible)
+            blocked, empty = call.prepared.memo("eager blocked", lambda: _blocked(call.prepared), shared=True)
+            scores = scores.masked_fill(blocked, float("-inf"))
+        probs = torch.softmax(scores, dim=-1)  # (B, H, Lq, Lk)
+        if call.dropout_p > 0:  # attention dropout: after softmax, before V
+            probs = F.dropout(probs, p=call.dropout_p)
+        out = probs.view(B, Hkv, -1, Lk) @ v  # (B, Hkv, G*Lq, Dv)
+        out = out.view(B, H, Lq, v.shape[-1])  # (B, H, Lq, Dv)
+        if empty is not None:  # rows that see no key are 0
+            out = out.masked_fill(empty, 0.0)
+        return propagate_nan_queries(out.to(call.q.dtype) if half else out, call.q)
+
+
+def _blocked(prepared) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(~allowed, empty rows)`` of a prepared mask, rows with no visible key opened (see ``dense_opened``)."""
+    allowed, empty = prepared.dense_opened()  # (B|1, H|1, Lq, Lk), (B|1, H|1, Lq, 1) or None
+    return ~allowed, empty
