@@ -1,0 +1,149 @@
+"""A static cache run eagerly: attnkit drops the cache slots no query can reach (``HFMask.narrowed``).
+
+The shortcut may only serve what it proves equal: the narrowed mask, padded back to the cache's length with
+unreachable keys, must be transformers' own mask (``sdpa_mask`` without its skips), and generate's logits, tokens
+and weights must be sdpa's / eager's. Masks it cannot prove that for (sliding windows, offsets, packed rows,
+functions outside the vocabulary, a traced forward) are passed on as they were built.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hf_tiny import VOCAB, baseline, build
+
+from attnkit import masks
+from attnkit._hooks import add_observer, remove_observer
+from attnkit.errors import AttnkitValueError
+from attnkit.integrations.hf.attention import _narrowed
+from attnkit.integrations.hf.masks import mask_interface
+
+tf = pytest.importorskip("transformers")
+from transformers.masking_utils import (  # noqa: E402
+    causal_mask_function,
+    sdpa_mask,
+    sliding_window_causal_mask_function,
+)
+
+TOL = 1e-5
+LK = 11  # the static cache's length
+
+
+def _dense(mask, batch: int) -> torch.Tensor:
+    """An HFMask as a dense ``(B, 1, Lq, LK)`` bool mask (keys past its own length: unreachable)."""
+    if mask.spec is None:
+        got = torch.ones(batch, 1, mask.q_len, mask.kv_len, dtype=torch.bool)
+    else:
+        q_pos = mask.q_len if mask.q_positions is None else mask.q_positions
+        kv_pos = mask.kv_len if mask.kv_positions is None else mask.kv_positions
+        got = mask.spec.to_dense(q_pos, kv_pos, batch=batch).expand(batch, 1, -1, -1)  # (B, 1, Lq, Lk)
+    return torch.nn.functional.pad(got, (0, LK - mask.kv_len))  # (B, 1, Lq, LK): the dropped keys masked
+
+
+@pytest.mark.parametrize("padding", ["none", "left"])
+@pytest.mark.parametrize(("q_len", "offset"), [(1, 0), (1, 4), (1, 9), (1, 10), (3, 0), (3, 5), (3, 8)])
+def test_narrowed_mask_is_transformers_mask(q_len, offset, padding):
+    batch = 2
+    am = torch.ones(batch, offset + q_len, dtype=torch.bool)  # (B, seen + Lq), as generate passes it
+    if padding == "left":
+        am[1, :2] = False
+    built = mask_interface(batch, q_len, LK, q_offset=torch.tensor(offset), attention_mask=am)
+    want = sdpa_mask(batch_size=batch, q_length=q_len, kv_length=LK, q_offset=offset, attention_mask=am,
+                     allow_is_causal_skip=False)  # (B, 1, Lq, LK)
+    narrow = built.narrowed()
+    assert torch.equal(_dense(built, batch), want), "the mask as built (explicit positions) is not HF's"
+    assert torch.equal(_dense(narrow, batch), want), "the narrowed mask is not HF's"
+    n = offset + q_len
+    assert narrow.kv_len == min(n, LK) and (narrow is built) == (n >= LK)
+    if narrow is not built:
+        assert narrow.q_positions is None and narrow.kv_positions is None  # attnkit's defaults: no positions
+        if q_len == 1 and padding == "none":
+            assert narrow.spec is None  # a decode step without padding needs no mask at all
+
+
+@pytest.mark.parametrize("case", ["sliding_window", "kv_offset", "dense_overlay", "dynamic_cache"])
+def test_masks_the_shortcut_cannot_prove_stay_as_built(case):
+    offset = torch.tensor(4)
+    if case == "sliding_window":
+        built = mask_interface(1, 1, LK, q_offset=offset, mask_function=sliding_window_causal_mask_function(3))
+    elif case == "kv_offset":
+        built = mask_interface(1, 1, LK, q_offset=offset, kv_offset=2)
+    elif case == "dense_overlay":
+        def own_overlay(b, h, q, kv):  # a model's own function: transformers' sdpa_mask evaluates it densely
+            return causal_mask_function(b, h, q, kv) & (kv != 1)
+        built = mask_interface(1, 1, LK, q_offset=offset, mask_function=own_overlay)
+        assert built.dense_reason
+    else:
+        built = mask_interface(1, 1, 5, q_offset=4)  # a dynamic cache: default positions already
+    assert not built.narrowable and built.narrowed() is built
+
+
+def test_a_traced_forward_keeps_the_mask_as_built(monkeypatch):
+    """Under torch.compile every decode step must keep one structure (no recompiles): no narrowing there."""
+    built = mask_interface(1, 1, LK, q_offset=torch.tensor(4))
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    assert built.narrowed() is built and isinstance(built.spec, masks.Causal)
+
+
+def test_the_offset_is_read_from_the_positions_not_the_cache_tensor():
+    """The regression: the static cache advances its offset tensor in place in the first layer's update, after the
+    mask is built; read then, the narrowed mask let every query see one empty slot (logits off by ~2e-2)."""
+    offset = torch.tensor(4)
+    built = mask_interface(1, 1, LK, q_offset=offset)
+    offset += 1  # what StaticLayer.update does
+    assert built.narrowed().kv_len == 5
+
+
+def test_keys_of_another_length_are_refused():
+    built = mask_interface(1, 1, LK, q_offset=torch.tensor(4))
+    k = torch.randn(1, 2, LK + 1, 8)
+    with pytest.raises(AttnkitValueError, match=r"key has 12 positions but the attnkit mask was built for Lk=11; "
+                                                r"pass the layer the mask transformers built"):
+        _narrowed(built, k, k, None)
+
+
+def _generate(model, ids, am, **kw):
+    with torch.no_grad():
+        return model.generate(input_ids=ids, attention_mask=am, max_new_tokens=10, do_sample=False, pad_token_id=0,
+                              eos_token_id=None, cache_implementation="static", return_dict_in_generate=True,
+                              output_logits=True, **kw)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2", "gemma2"])
+def test_static_cache_generate_is_narrowed_and_equals_transformers(family):
+    torch.manual_seed(0)
+    ids = torch.randint(3, VOCAB, (2, 6))
+    am = torch.ones_like(ids)
+    am[1, :2] = 0  # left padding in the prompt: kept as a padding mask on the narrowed keys
+    ref, model = build(family, baseline(family)), build(family, "attnkit")
+    model.load_state_dict(ref.state_dict())
+    key_lengths = []
+
+    def observe(call, result):
+        key_lengths.append(call.k.shape[2])
+
+    want = _generate(ref, ids, am)
+    add_observer(observe)
+    try:
+        got = _generate(model, ids, am)
+    finally:
+        remove_observer(observe)
+    err = max((g - w).abs().max().item() for g, w in zip(got.logits, want.logits))
+    assert err <= TOL, f"{family}: static-cache logits differ from {baseline(family)} by {err:.3g}"
+    assert torch.equal(got.sequences, want.sequences)
+    # the cache holds 6 + 10 slots; a full-attention layer's call sees only the keys up to its newest query
+    assert 6 in key_lengths and max(key_lengths) < 6 + 10, f"{family}: key lengths {sorted(set(key_lengths))}"
+
+
+def test_static_cache_weights_are_padded_back_to_the_cache_length():
+    torch.manual_seed(0)
+    ids = torch.randint(3, VOCAB, (1, 5))
+    am = torch.ones_like(ids)
+    ref, model = build("llama", "eager"), build("llama", "attnkit")
+    model.load_state_dict(ref.state_dict())
+    want = _generate(ref, ids, am, output_attentions=True).attentions
+    got = _generate(model, ids, am, output_attentions=True).attentions
+    for step_got, step_want in zip(got, want):
+        for g, w in zip(step_got, step_want):
+            assert g.shape == w.shape, (g.shape, w.shape)
+            assert (g - w).abs().max().item() <= TOL
