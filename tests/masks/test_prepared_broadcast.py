@@ -36,3 +36,19 @@ def test_a_batch_one_prepared_mask_serves_a_bigger_batch(name, backend):
     got = ak.attention(q, k, v, prepared, backend=backend)
     assert (got - want).abs().max().item() <= 1e-12
     ak.explain(q, k, v, prepared)  # answers instead of raising
+
+
+@pytest.mark.parametrize("name", list(MASKS))
+def test_a_mask_alike_for_every_row_is_dense_once(name):
+    """Default positions and no per-row data: every row's dense form is the same, so it is built once (batch 1,
+    broadcast), not B times; with per-row data (or positions) it has B rows, each its own."""
+    from attnkit.masks.dense import evaluate
+
+    prepared = M.prepare(MASKS[name](), L, L, B)
+    dense = prepared.dense()
+    assert dense.shape[0] == 1
+    assert torch.equal(dense.expand(B, -1, -1, -1), evaluate(prepared.fn, prepared.ctx, heads=prepared.heads))
+    per_row = M.prepare(M.causal() & M.padding(torch.tensor([30, 40])), L)
+    assert per_row.dense().shape[0] == B and not torch.equal(per_row.dense()[0], per_row.dense()[1])
+    shifted = M.prepare(M.causal(), torch.arange(L).expand(B, L) + torch.tensor([[0], [5]]), torch.arange(L + 5))
+    assert shifted.dense().shape[0] == B

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from attnkit._hooks import EDITORS, OBSERVERS
 from attnkit._validation import build_call
+from attnkit.backends.lane import plain_call
 from attnkit.backends.registry import Explanation, explain_call, select
 from attnkit.functional.reference import empty_result
 
@@ -33,10 +34,19 @@ def attention(q, k, v, mask=None, *, bias=None, scale=None, softcap=None, dropou
         ``(B, H, Lq, Dv)``, or ``(out, weights)``. Rows with no visible key give 0; NaN inputs propagate to the
         rows that read them. An empty call (B, H, Lq or Lk = 0) gives zeros of the right shape on every backend.
     """
-    call = build_call(q, k, v, mask, bias=bias, scale=scale, softcap=softcap, dropout_p=dropout_p,
-                      q_positions=q_positions, kv_positions=kv_positions, return_weights=return_weights, sinks=sinks)
-    chosen = select(call, backend)  # (a forced backend still refuses what it can't serve)
-    result = empty_result(call) if call.is_empty else chosen(call)  # nothing to compute: no kernel runs
+    lane = None
+    if bias is None and softcap is None and sinks is None and q_positions is None and kv_positions is None and \
+            return_weights is False and backend == "auto" and type(dropout_p) is float and dropout_p == 0.0:
+        lane = plain_call(q, k, v, mask, scale)  # (None: not plain after all, take the full path)
+    if lane is not None:
+        call, run = lane  # checked and routed once per lane key
+    else:
+        call = build_call(q, k, v, mask, bias=bias, scale=scale, softcap=softcap, dropout_p=dropout_p,
+                          q_positions=q_positions, kv_positions=kv_positions, return_weights=return_weights,
+                          sinks=sinks)
+        chosen = select(call, backend)  # (a forced backend still refuses what it can't serve)
+        run = empty_result if call.is_empty else chosen  # nothing to compute: no kernel runs
+    result = run(call)
     if EDITORS:  # head ablation / patching (diagnostics.ablation) edit the per-head output; free when none
         out = result[0] if isinstance(result, tuple) else result  # (B, H, Lq, Dv)
         for edit in list(EDITORS):

@@ -129,7 +129,7 @@ def select(call: AttentionCall, backend: str = "auto") -> Backend:
         if key is None:
             return _best(call)
         if call.prepared is not None and not call.prepared.pure_causal:  # its data may count: its own memo
-            return call.prepared.memo(("auto", _VERSION[0], key), lambda: _best(call))
+            return call.prepared.memo(("auto", key), lambda: _best(call))
         chosen = _CHOICES.get(key)
         if chosen is None:
             if len(_CHOICES) >= _CHOICES_MAX:
@@ -150,19 +150,25 @@ def _best(call: AttentionCall) -> Backend:
     return _REGISTRY[best[0][0]] if best else _REGISTRY["math"]
 
 
-def _choice_key(call: AttentionCall) -> Hashable | None:
-    """What auto's choice depends on: the call's signature, whether its mask is pure causal, every backend's
-    state; None (no memo) while compiling or when a registered backend does not rank by signature alone."""
+def routing_state() -> Hashable | None:
+    """What auto's choice reads besides the call: the registry's version and every backend's ``state()``; None
+    when a registered backend does not rank by signature alone (then nothing may be memoised)."""
     states = _STATES[0]
     if states is None:  # the registry changed: which backends rank by signature, and which have a state
         backends = list(_REGISTRY.values())
         memoisable = all(getattr(b, "ranks_by_signature", False) for b in backends)
         states = _STATES[0] = (memoisable, tuple(b.state for b in backends if callable(getattr(b, "state", None))))
     memoisable, state_fns = states
-    if not memoisable or torch.compiler.is_compiling():
+    return (_VERSION[0], tuple([state() for state in state_fns])) if memoisable else None
+
+
+def _choice_key(call: AttentionCall) -> Hashable | None:
+    """What auto's choice depends on: the call's signature, whether its mask is pure causal, the routing state;
+    None (no memo) while compiling or when a registered backend does not rank by signature alone."""
+    state = routing_state()
+    if state is None or torch.compiler.is_compiling():
         return None
-    return (call.signature(), None if call.prepared is None else call.prepared.pure_causal,
-            tuple([state() for state in state_fns]))
+    return (call.signature(), None if call.prepared is None else call.prepared.pure_causal, state)
 
 
 def explain_call(call: AttentionCall, backend: str = "auto") -> Explanation:

@@ -85,24 +85,32 @@ class SDPABackend:
         return parts
 
     def __call__(self, call: AttentionCall) -> torch.Tensor:
+        return self.runner(call)(call)
+
+    def runner(self, call: AttentionCall):
+        """The kernel call for ``call`` as a function of a call. What it decides (the mask's form, whether GQA
+        folds) reads only what a plain call's lane key fixes (``backends.lane``), so it serves every call of it."""
         mode = self._mode(call)
-        attn_mask, is_causal, empty_rows = None, mode == "causal", None
-        if mode == "dense":
-            attn_mask, empty_rows = call.prepared.dense_opened()  # built once per prepared mask
-        if call.bias is not None:
-            bias = call.bias.materialize(*call.positions()) if isinstance(call.bias, StructuredBias) else call.bias
-            bias = bias.to(_bias_dtype(call.q))
-            attn_mask = bias if attn_mask is None else bias.masked_fill(~attn_mask, float("-inf"))
-        if call.num_kv_heads != call.num_heads and _foldable(call, is_causal, _mask_heads(call)):
-            out = _folded(call, attn_mask)  # (B, H, Lq, Dv)
-        else:
-            out = F.scaled_dot_product_attention(
-                call.q, call.k, call.v, attn_mask=attn_mask, dropout_p=call.dropout_p, is_causal=is_causal,
-                scale=call.scale, enable_gqa=call.num_kv_heads != call.num_heads,
-            )  # (B, H, Lq, Dv)
-        if empty_rows is not None:
-            out = out.masked_fill(empty_rows, 0.0)
-        return propagate_nan_queries(out, call.q)  # without a mask tensor the CPU kernel gives 0 for a NaN query
+        is_causal, dense, gqa = mode == "causal", mode == "dense", call.num_kv_heads != call.num_heads
+        fold = gqa and _foldable(call, is_causal, _mask_heads(call))
+
+        def run(c: AttentionCall) -> torch.Tensor:
+            attn_mask, empty_rows = c.prepared.dense_opened() if dense else (None, None)  # built once per mask
+            if c.bias is not None:
+                bias = c.bias.materialize(*c.positions()) if isinstance(c.bias, StructuredBias) else c.bias
+                bias = bias.to(_bias_dtype(c.q))
+                attn_mask = bias if attn_mask is None else bias.masked_fill(~attn_mask, float("-inf"))
+            if fold:
+                out = _folded(c, attn_mask)  # (B, H, Lq, Dv)
+            else:
+                out = F.scaled_dot_product_attention(
+                    c.q, c.k, c.v, attn_mask=attn_mask, dropout_p=c.dropout_p, is_causal=is_causal, scale=c.scale,
+                    enable_gqa=gqa)  # (B, H, Lq, Dv)
+            if empty_rows is not None:
+                out = out.masked_fill(empty_rows, 0.0)
+            return propagate_nan_queries(out, c.q)  # without a mask tensor the CPU kernel gives 0 for a NaN query
+
+        return run
 
 
 def _bias_dtype(q: torch.Tensor) -> torch.dtype:

@@ -42,6 +42,7 @@ from attnkit.masks.blocks import BlockCover, BlockGrid, cover
 from attnkit.masks.dense import context_for, default_positions, evaluate
 from attnkit.masks.spec import BoundMask, Causal, Chunked, Dense, Document, MaskContext, MaskSpec, Padding, Strided
 
+_MISSING = object()
 #: forms of small pure causal masks on default positions kept across calls (see PreparedMask.memo(shared=True))
 _SHARED: dict[Any, Any] = {}
 _SHARED_MAX = 32
@@ -127,13 +128,16 @@ class PreparedMask:
         return self.memo("fn", lambda: self.spec.bind(self.ctx))
 
     def dense(self) -> torch.Tensor:
-        """The dense bool mask, broadcastable to ``(B, H, Lq, Lk)`` (a tensor mask is returned as given, 4-D)."""
+        """The dense bool mask, broadcastable to ``(B, H, Lq, Lk)`` (a tensor mask is returned as given, 4-D; a mask
+        alike for every row, with no per-row data on default positions, has batch 1)."""
         return self.memo("dense", self._dense, shared=True)
 
     def _dense(self) -> torch.Tensor:
         if self.is_tensor:
             self.fn  # noqa: B018 -- binding checks the tensor against the call's shape
             return self.spec.tensor.to(self.device)  # (B|1, H|1, Lq|1, Lk|1)
+        if self.batch > 1 and self.default_positions and self.spec.batch == 1:  # every row alike: one, broadcast
+            return PreparedMask.for_call(self.source, None, None, 1, self.q_len, self.kv_len, self.device).dense()
         return evaluate(self.fn, self.ctx, heads=self.heads)  # (B, H|1, Lq, Lk)
 
     def dense_opened(self) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -173,8 +177,9 @@ class PreparedMask:
         and is kept across calls too, in a small bounded table, when the mask is small (a decode step's
         ``Lq x Lk``, at most ``SHARED_MAX_ENTRIES``): an unprepared ``causal()`` decode call then builds its
         dense form once, not once per call."""
-        if key in self._memo:
-            return self._memo[key]
+        value = self._memo.get(key, _MISSING)
+        if value is not _MISSING:
+            return value
         if shared and self.pure_causal and self.q_len * self.kv_len <= SHARED_MAX_ENTRIES and \
                 not torch.compiler.is_compiling():
             table_key = (key, self.batch, self.q_len, self.kv_len, self.device)
