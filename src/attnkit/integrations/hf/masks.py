@@ -135,10 +135,10 @@ def mask_interface(batch_size: int, q_length: int, kv_length: int, q_offset=0, k
     else:
         q_pos = (torch.arange(q_length, device=device) + q_offset)[None]  # (1, Lq) cache indices of the queries
         kv_pos = (torch.arange(kv_length, device=device) + kv_offset)[None]  # (1, Lk)
+    if reader.position_ids is None and _sees_every_key(spec, q_offset, kv_offset, q_length, kv_length):
+        spec = q_pos = kv_pos = None  # (a decode step) no mask to build, bind or check per layer, no positions
     # a plain causal mask on cache indices from 0 (a static cache): attention_forward may narrow it (HFMask.narrowed)
     narrowable = type(spec) is masks.Causal and q_pos is not None and reader.position_ids is None and kv_offset == 0
-    if q_pos is None and q_length == 1 and isinstance(spec, masks.Causal):
-        spec = None  # one new token on default positions sees every key: no mask to build, bind or check per layer
     why = None
     if reader.unknown:
         why = f"mask function {reader.unknown} has no attnkit form"
@@ -152,6 +152,21 @@ def mask_interface(batch_size: int, q_length: int, kv_length: int, q_offset=0, k
         spec = pad if spec is None else masks.And(spec, pad)
     return HFMask(spec, q_pos, kv_pos, q_length, kv_length, why, narrowable=narrowable,
                   key_is_real=key_is_real if narrowable else None)
+
+
+def _sees_every_key(spec, q_offset, kv_offset: int, q_length: int, kv_length: int) -> bool:
+    """Whether every query sees every key of the call under ``spec`` (``causal()`` or a causal
+    ``sliding_window(W)``) on the cache indices ``q_offset + i``, ``kv_offset + j``: the first query sees the
+    newest key, and (a window) the last query still sees the oldest. Then the call needs no positional mask: a
+    decode step of a dynamic cache, full layers and sliding layers alike (a sliding cache keeps only the keys
+    the window reaches). A static cache's tensor offset is not read here (no host sync; see HFMask.narrowed)."""
+    if isinstance(q_offset, torch.Tensor) or type(spec) not in (masks.Causal, masks.SlidingWindow):
+        return False
+    first_query, last_query = q_offset, q_offset + q_length - 1
+    oldest_key, newest_key = kv_offset, kv_offset + kv_length - 1
+    if newest_key > first_query:
+        return False
+    return type(spec) is masks.Causal or oldest_key > last_query - spec.window  # window: p - W < j
 
 
 def _default_positions(q_offset, kv_offset: int, q_length: int, kv_length: int) -> bool:

@@ -1,9 +1,12 @@
-"""A static cache run eagerly: attnkit drops the cache slots no query can reach (``HFMask.narrowed``).
+"""The HF mask's shortcuts: a call that needs less than transformers built gets less, and only then.
 
-The shortcut may only serve what it proves equal: the narrowed mask, padded back to the cache's length with
-unreachable keys, must be transformers' own mask (``sdpa_mask`` without its skips), and generate's logits, tokens
-and weights must be sdpa's / eager's. Masks it cannot prove that for (sliding windows, offsets, packed rows,
-functions outside the vocabulary, a traced forward) are passed on as they were built.
+1. A decode step that sees every key (a dynamic cache's full and sliding layers) gets no mask and no positions.
+2. A static cache run eagerly: attnkit drops the cache slots no query can reach (``HFMask.narrowed``).
+
+Each shortcut may only serve what it proves equal: the mask passed on (narrowed masks padded back to the
+cache's length with unreachable keys) must be transformers' own (``sdpa_mask`` without its skips), and generate's
+logits, tokens and weights must be sdpa's / eager's. Masks nothing is proven for (sliding windows that cut,
+offsets, packed rows, functions outside the vocabulary, a traced forward) are passed on as they were built.
 """
 
 from __future__ import annotations
@@ -29,15 +32,45 @@ TOL = 1e-5
 LK = 11  # the static cache's length
 
 
-def _dense(mask, batch: int) -> torch.Tensor:
-    """An HFMask as a dense ``(B, 1, Lq, LK)`` bool mask (keys past its own length: unreachable)."""
+def _dense(mask, batch: int, total: int = LK) -> torch.Tensor:
+    """An HFMask as a dense ``(B, 1, Lq, total)`` bool mask (keys past its own length: unreachable)."""
     if mask.spec is None:
         got = torch.ones(batch, 1, mask.q_len, mask.kv_len, dtype=torch.bool)
     else:
         q_pos = mask.q_len if mask.q_positions is None else mask.q_positions
         kv_pos = mask.kv_len if mask.kv_positions is None else mask.kv_positions
         got = mask.spec.to_dense(q_pos, kv_pos, batch=batch).expand(batch, 1, -1, -1)  # (B, 1, Lq, Lk)
-    return torch.nn.functional.pad(got, (0, LK - mask.kv_len))  # (B, 1, Lq, LK): the dropped keys masked
+    return torch.nn.functional.pad(got, (0, total - mask.kv_len))  # (B, 1, Lq, total): dropped keys masked
+
+
+# (window or None, Lq, Lk, q_offset, kv_offset, sees every key): dynamic caches pass int offsets
+EVERY_KEY_CASES = [
+    (None, 1, 11, 10, 0, True),  # a decode step
+    (None, 1, 11, 9, 0, False),  # keys past the query (a cache with spare slots)
+    (None, 3, 11, 8, 0, False),  # a chunk of queries: causal inside it (default positions)
+    (4, 1, 4, 10, 7, True),  # a sliding cache keeps the W - 1 keys the window reaches, plus the new one
+    (4, 1, 5, 10, 6, False),  # one key more than the window reaches
+    (4, 1, 3, 2, 0, True),  # the window is not full yet
+    (4, 2, 5, 9, 6, False),  # two queries
+]
+
+
+@pytest.mark.parametrize("padding", [False, True])
+@pytest.mark.parametrize(("window", "q_len", "kv_len", "q_offset", "kv_offset", "every"), EVERY_KEY_CASES)
+def test_no_mask_only_where_every_key_is_seen(window, q_len, kv_len, q_offset, kv_offset, every, padding):
+    fn = causal_mask_function if window is None else sliding_window_causal_mask_function(window)
+    am = torch.ones(2, kv_offset + kv_len, dtype=torch.bool)  # (B, seen + Lq)
+    if padding:
+        am[1, kv_offset] = False  # row 1's oldest key of the call is padding
+    built = mask_interface(2, q_len, kv_len, q_offset=q_offset, kv_offset=kv_offset, mask_function=fn,
+                           attention_mask=am)
+    want = sdpa_mask(batch_size=2, q_length=q_len, kv_length=kv_len, q_offset=q_offset, kv_offset=kv_offset,
+                     mask_function=fn, attention_mask=am, allow_is_causal_skip=False)  # (B, 1, Lq, Lk)
+    assert torch.equal(_dense(built, 2, kv_len), want)
+    assert (built.spec is None) == (every and not padding), built
+    if every:
+        assert built.q_positions is None and built.kv_positions is None
+        assert not padding or isinstance(built.spec, masks.Padding)  # the padding stays; the positional part goes
 
 
 @pytest.mark.parametrize("padding", ["none", "left"])
@@ -152,3 +185,30 @@ def test_static_cache_weights_are_padded_back_to_the_cache_length():
         for g, w in zip(step_got, step_want):
             assert g.shape == w.shape, (g.shape, w.shape)
             assert (g - w).abs().max().item() <= TOL
+
+
+@pytest.mark.parametrize("family", ["mistral", "qwen2", "gemma2"])
+def test_dynamic_cache_decode_steps_pass_no_mask_on_full_and_sliding_layers(family):
+    torch.manual_seed(0)
+    ids = torch.randint(3, VOCAB, (1, 7))  # longer than the window: the sliding layers' caches are full
+    ref, model = build(family, baseline(family)), build(family, "attnkit")
+    model.load_state_dict(ref.state_dict())
+    calls = []
+
+    def observe(call, result):
+        calls.append(call)
+
+    kw = {"max_new_tokens": 8, "do_sample": False, "pad_token_id": 0, "eos_token_id": None,
+          "return_dict_in_generate": True, "output_logits": True}
+    with torch.no_grad():
+        want = ref.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kw)
+        add_observer(observe)
+        try:
+            got = model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), **kw)
+        finally:
+            remove_observer(observe)
+    err = max((g - w).abs().max().item() for g, w in zip(got.logits, want.logits))
+    assert err <= TOL and torch.equal(got.sequences, want.sequences), f"{family}: logits differ by {err:.3g}"
+    decode = [c for c in calls if c.q.shape[2] == 1]
+    assert decode and all(c.mask is None and c.q_positions is None for c in decode), \
+        f"{family}: decode-step masks {sorted({repr(c.mask) for c in decode})}"
