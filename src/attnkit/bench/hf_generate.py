@@ -46,7 +46,8 @@ FAMILIES: dict[str, Family] = {
     "qwen2": Family("Qwen2ForCausalLM", lambda tf, a: tf.Qwen2Config(  # the upper half of the layers slide
         **_decoder(a), use_sliding_window=True, sliding_window=a.gen_window, max_window_layers=a.gen_layers // 2)),
     "gpt2": Family("GPT2LMHeadModel", lambda tf, a: tf.GPT2Config(
-        vocab_size=VOCAB, n_embd=a.gen_dim, n_layer=a.gen_layers, n_head=a.heads, n_positions=512)),
+        vocab_size=VOCAB, n_embd=a.gen_dim, n_layer=a.gen_layers, n_head=a.heads, n_positions=512, bos_token_id=1,
+        eos_token_id=2)),
     "gemma2": Family("Gemma2ForCausalLM", lambda tf, a: tf.Gemma2Config(  # alternating window/full, softcap
         **_decoder(a), head_dim=a.gen_dim // a.heads, sliding_window=a.gen_window, attn_logit_softcapping=50.0,
         final_logit_softcapping=30.0, query_pre_attn_scalar=a.gen_dim // a.heads), baseline="eager"),
