@@ -197,7 +197,9 @@ def run(args) -> int:
             for name, r in block["contenders"].items():
                 print(f"  {name:24s} {r['tokens_per_s']:8.1f} tok/s  x{r['vs_baseline']:.2f} vs {block['baseline']} "
                       "(same cache)")
-        print(f"wrote {write_results('hf_generate', {'generate': gen, 'device': args.device}, args.out)}")
+        record = {"generate": gen, "device": args.device,
+                  "load_average_1_5_15_min_at_end": list(os.getloadavg())}  # the CPUs are shared: say how busy
+        print(f"wrote {write_results('hf_generate', record, args.out)}")
     if parts & {"training", "minilm"}:
         return _training_and_minilm(args, parts)
     return 0
