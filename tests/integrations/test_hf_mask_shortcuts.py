@@ -111,10 +111,11 @@ def test_masks_the_shortcut_cannot_prove_stay_as_built(case):
     assert not built.narrowable and built.narrowed() is built
 
 
-def test_a_traced_forward_keeps_the_mask_as_built(monkeypatch):
-    """Under torch.compile every decode step must keep one structure (no recompiles): no narrowing there."""
+@pytest.mark.parametrize("tracer", [torch.compiler, torch.jit], ids=["compile", "jit"])
+def test_a_traced_forward_keeps_the_mask_as_built(monkeypatch, tracer):
+    """A traced graph must keep one structure at every decode step (no recompiles, no baked-in length)."""
     built = mask_interface(1, 1, LK, q_offset=torch.tensor(4))
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    monkeypatch.setattr(tracer, "is_compiling" if tracer is torch.compiler else "is_tracing", lambda: True)
     assert built.narrowed() is built and isinstance(built.spec, masks.Causal)
 
 

@@ -77,8 +77,8 @@ class HFMask:
         eagerly, the call then needs neither those keys nor explicit positions (a decode step: no mask at all; a
         prefill: plain causal with Lq == Lk, SDPA's ``is_causal``). Found once per forward (one host read of the
         positions; not of the cache's offset tensor, which the first layer's cache update advances in place); while
-        torch.compile traces it is ``self``, so the compiled graph keeps one structure at every step."""
-        if not self.narrowable or torch.compiler.is_compiling():
+        torch.compile (or torch.jit.trace) traces it is ``self``, so a traced graph keeps one structure at every step."""
+        if not self.narrowable or torch.compiler.is_compiling() or torch.jit.is_tracing():
             return self
         if not self._narrowed:
             n = int(self.q_positions[0, -1]) + 1
