@@ -25,8 +25,9 @@ VOCAB = 1024
 
 
 @dataclass(frozen=True)
-class Family:
-    """How to build one family's model at the bench's sizes, and transformers' own implementation for it."""
+class TinyModel:
+    """How to build one family's tiny model at the bench's sizes, and transformers' own implementation for it
+    (not :class:`attnkit.integrations.hf.families.Family`, the converters' name mapping)."""
 
     model: str  # the transformers class
     config: Callable  # (tf, args) -> the transformers config
@@ -39,16 +40,16 @@ def _decoder(args) -> dict:
             "num_key_value_heads": args.kv_heads, "max_position_embeddings": 512}
 
 
-FAMILIES: dict[str, Family] = {
-    "llama": Family("LlamaForCausalLM", lambda tf, a: tf.LlamaConfig(**_decoder(a))),
-    "mistral": Family("MistralForCausalLM", lambda tf, a: tf.MistralConfig(**_decoder(a),
-                                                                            sliding_window=a.gen_window)),
-    "qwen2": Family("Qwen2ForCausalLM", lambda tf, a: tf.Qwen2Config(  # the upper half of the layers slide
+FAMILIES: dict[str, TinyModel] = {
+    "llama": TinyModel("LlamaForCausalLM", lambda tf, a: tf.LlamaConfig(**_decoder(a))),
+    "mistral": TinyModel("MistralForCausalLM", lambda tf, a: tf.MistralConfig(**_decoder(a),
+                                                                              sliding_window=a.gen_window)),
+    "qwen2": TinyModel("Qwen2ForCausalLM", lambda tf, a: tf.Qwen2Config(  # the upper half of the layers slide
         **_decoder(a), use_sliding_window=True, sliding_window=a.gen_window, max_window_layers=a.gen_layers // 2)),
-    "gpt2": Family("GPT2LMHeadModel", lambda tf, a: tf.GPT2Config(
+    "gpt2": TinyModel("GPT2LMHeadModel", lambda tf, a: tf.GPT2Config(
         vocab_size=VOCAB, n_embd=a.gen_dim, n_layer=a.gen_layers, n_head=a.heads, n_positions=512, bos_token_id=1,
         eos_token_id=2)),
-    "gemma2": Family("Gemma2ForCausalLM", lambda tf, a: tf.Gemma2Config(  # alternating window/full, softcap
+    "gemma2": TinyModel("Gemma2ForCausalLM", lambda tf, a: tf.Gemma2Config(  # alternating window/full, softcap
         **_decoder(a), head_dim=a.gen_dim // a.heads, sliding_window=a.gen_window, attn_logit_softcapping=50.0,
         final_logit_softcapping=30.0, query_pre_attn_scalar=a.gen_dim // a.heads), baseline="eager"),
 }
