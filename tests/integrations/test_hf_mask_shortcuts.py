@@ -23,6 +23,7 @@ from attnkit.integrations.hf.masks import mask_interface
 
 tf = pytest.importorskip("transformers")
 from transformers.masking_utils import (  # noqa: E402
+    and_masks,
     causal_mask_function,
     sdpa_mask,
     sliding_window_causal_mask_function,
@@ -94,6 +95,22 @@ def test_narrowed_mask_is_transformers_mask(q_len, offset, padding):
             assert narrow.spec is None  # a decode step without padding needs no mask at all
 
 
+def _own_overlay(b, h, q, kv):  # a model's own function: transformers' sdpa_mask evaluates it densely
+    return kv != 1
+
+
+@pytest.mark.parametrize("offset", [torch.tensor(4), 10], ids=["static", "dynamic"])
+def test_causal_and_a_function_outside_the_vocabulary_takes_no_shortcut(offset):
+    """The reader drops the unknown part of ``and_masks(causal, own)`` to a dense mask; the causal part it read
+    must not pass for the whole mask."""
+    fn = and_masks(causal_mask_function, _own_overlay)
+    built = mask_interface(1, 1, LK, q_offset=offset, mask_function=fn)
+    want = sdpa_mask(batch_size=1, q_length=1, kv_length=LK, q_offset=int(offset), mask_function=fn,
+                     allow_is_causal_skip=False)  # (1, 1, 1, LK)
+    assert built.dense_reason and not built.narrowable and built.narrowed() is built
+    assert torch.equal(built.spec.to_dense(1, LK).expand_as(want), want)
+
+
 @pytest.mark.parametrize("case", ["sliding_window", "kv_offset", "dense_overlay", "dynamic_cache"])
 def test_masks_the_shortcut_cannot_prove_stay_as_built(case):
     offset = torch.tensor(4)
@@ -102,9 +119,7 @@ def test_masks_the_shortcut_cannot_prove_stay_as_built(case):
     elif case == "kv_offset":
         built = mask_interface(1, 1, LK, q_offset=offset, kv_offset=2)
     elif case == "dense_overlay":
-        def own_overlay(b, h, q, kv):  # a model's own function: transformers' sdpa_mask evaluates it densely
-            return causal_mask_function(b, h, q, kv) & (kv != 1)
-        built = mask_interface(1, 1, LK, q_offset=offset, mask_function=own_overlay)
+        built = mask_interface(1, 1, LK, q_offset=offset, mask_function=_own_overlay)
         assert built.dense_reason
     else:
         built = mask_interface(1, 1, 5, q_offset=4)  # a dynamic cache: default positions already

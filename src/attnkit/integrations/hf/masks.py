@@ -135,10 +135,11 @@ def mask_interface(batch_size: int, q_length: int, kv_length: int, q_offset=0, k
     else:
         q_pos = (torch.arange(q_length, device=device) + q_offset)[None]  # (1, Lq) cache indices of the queries
         kv_pos = (torch.arange(kv_length, device=device) + kv_offset)[None]  # (1, Lk)
-    if reader.position_ids is None and _sees_every_key(spec, q_offset, kv_offset, q_length, kv_length):
+    exact = reader.position_ids is None and reader.unknown is None  # spec is the whole mask, on cache indices
+    if exact and _sees_every_key(spec, q_offset, kv_offset, q_length, kv_length):
         spec = q_pos = kv_pos = None  # (a decode step) no mask to build, bind or check per layer, no positions
     # a plain causal mask on cache indices from 0 (a static cache): attention_forward may narrow it (HFMask.narrowed)
-    narrowable = type(spec) is masks.Causal and q_pos is not None and reader.position_ids is None and kv_offset == 0
+    narrowable = exact and type(spec) is masks.Causal and q_pos is not None and kv_offset == 0
     why = None
     if reader.unknown:
         why = f"mask function {reader.unknown} has no attnkit form"
