@@ -6,6 +6,10 @@ random order each round, medians of CPU time (``time.process_time``: steadier th
 
     git worktree add --detach /tmp/old main             # the glue to compare against
     PYTHONPATH=src OMP_NUM_THREADS=1 python scripts/hf_glue_ab.py --old /tmp/old --family mistral --cache dynamic
+
+``--stub`` adds this checkout's glue with ``ak.attention`` swapped for a direct SDPA call (causal only where the
+glue passes a mask: right for LLaMA/GPT-2 with a dynamic cache, and the token check refuses it elsewhere): what the
+model would run at if ``ak.attention`` cost nothing over SDPA.
 """
 
 from __future__ import annotations
@@ -37,13 +41,14 @@ def main() -> None:
     parser.add_argument("--cache", choices=["dynamic", "static"], default="dynamic")
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--new-tokens", type=int, default=48)
+    parser.add_argument("--stub", action="store_true", help="also this glue over a direct SDPA call")
     args = parser.parse_args()
 
     import torch
     import transformers as tf
     from transformers.masking_utils import AttentionMaskInterface
 
-    import attnkit.integrations.hf  # noqa: F401  (registers "attnkit")
+    import attnkit.integrations.hf  # (registers "attnkit")
     from attnkit.bench.hf_generate import FAMILIES
 
     torch.set_num_threads(1)
@@ -55,6 +60,22 @@ def main() -> None:
     tf.AttentionInterface.register("attnkit_old", old_attention.attention_forward)
     AttentionMaskInterface.register("attnkit_old", old_masks.mask_interface)
 
+    impls = ["attnkit", "attnkit_old"]
+    if args.stub:
+        import torch.nn.functional as F
+
+        from attnkit.integrations.hf import attention as glue_module
+
+        def direct_sdpa(q, k, v, mask=None, *, scale=None, **_):  # (B, H, Lq, D) -> (B, H, Lq, D)
+            return F.scaled_dot_product_attention(q, k, v, enable_gqa=True, scale=scale, is_causal=mask is not None)
+
+        glue = glue_module.attention_forward
+        stubbed = types.FunctionType(glue.__code__, dict(glue.__globals__, attention=direct_sdpa), glue.__name__,
+                                     glue.__defaults__, glue.__closure__)
+        stubbed.__kwdefaults__ = glue.__kwdefaults__
+        tf.AttentionInterface.register("attnkit_glue_direct_sdpa", stubbed)
+        AttentionMaskInterface.register("attnkit_glue_direct_sdpa", attnkit.integrations.hf.mask_interface)
+        impls.append("attnkit_glue_direct_sdpa")
     family = FAMILIES[args.family]
     sizes = argparse.Namespace(gen_dim=256, gen_layers=8, heads=8, kv_heads=2, gen_window=32)  # the bench's
     cls = getattr(tf, family.model)
@@ -62,7 +83,7 @@ def main() -> None:
     config = family.config(tf, sizes)
     base = cls(config).eval()
     models = {}
-    for impl in (family.baseline, "attnkit", "attnkit_old"):
+    for impl in (family.baseline, *impls):
         models[impl] = cls(copy.deepcopy(config)).eval()
         models[impl].load_state_dict(base.state_dict())
         models[impl].set_attn_implementation(impl)
