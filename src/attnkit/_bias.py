@@ -41,6 +41,12 @@ class StructuredBias:
         bound. Backends may skip keys beyond it when ``margin`` covers what the scores can add back."""
         return None
 
+    def needs_grad(self, device: torch.device) -> bool:
+        """Whether autograd must reach the bias (asked with grad mode on): by default, whether the score of one
+        entry on ``device`` requires grad (a trainable parameter, anything)."""
+        zero = torch.zeros((), dtype=torch.long, device=device)
+        return bool(self.score(zero, zero, zero, b=zero).requires_grad)
+
     def memo_key(self):
         """A hashable value that equals another bias's exactly when the two score alike (e.g. ALiBi's slopes),
         or None (the default) when it can't say: backends then build their tables per call."""

@@ -101,14 +101,13 @@ class AttentionCall:
 
 
 def bias_needs_grad(bias: torch.Tensor | StructuredBias | None, device: torch.device) -> bool:
-    """Whether autograd must reach the bias: a float tensor that requires grad, or a structured bias whose
-    score of one entry does (a trainable parameter, anything)."""
+    """Whether autograd must reach the bias: a float tensor that requires grad, or a structured bias that
+    says so (:meth:`StructuredBias.needs_grad`: by default its score of one entry requires grad)."""
     if not torch.is_grad_enabled() or bias is None:
         return False
     if isinstance(bias, torch.Tensor):
         return bias.requires_grad
-    zero = torch.zeros((), dtype=torch.long, device=device)
-    return bool(bias.score(zero, zero, zero, b=zero).requires_grad)
+    return bias.needs_grad(device)
 
 
 #: ``(shapes, dtypes, devices)`` of q, k, v that passed :func:`check_tensors`: everything it reads, so a key

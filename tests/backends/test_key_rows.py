@@ -22,7 +22,9 @@ def _qkv(B, H, Hkv, L, D, dtype=torch.float32, seed=0):
 
 @pytest.fixture
 def key_row_segments(monkeypatch):
-    """The segment count of every key-row group that ran."""
+    """The segment count of every key-row group that ran; inference takes key rows from BLOCK queries on here
+    (by default from KEY_ROW_MIN_QUERIES), so that the small shapes below exercise them."""
+    monkeypatch.setattr(blocksparse, "KEY_ROW_MIN_QUERIES", relative.BLOCK)
     ran = []
     original = blocksparse._sdpa_key_row
 
@@ -101,9 +103,83 @@ def test_key_rows_only_where_exact(key_row_segments, case):
 
 
 def test_explain_names_the_key_rows():
-    q = torch.randn(1, 4, 512, 16)
-    text = ak.explain(q, q, q, M.prepare(M.causal(), 512), bias=ak.positions.ALiBi(4), backend="blocksparse")
+    q = torch.randn(1, 4, 1024, 16)
+    text = ak.explain(q, q, q, M.prepare(M.causal(), 1024), bias=ak.positions.ALiBi(4), backend="blocksparse")
     assert "3 heads as causal SDPA calls with the bias as a row of key terms" in str(text)
+
+
+def test_short_float32_inference_takes_the_offset_table_pieces(monkeypatch):
+    """Below KEY_ROW_MIN_QUERIES queries the fused kernel's causal flag computes the whole square (its key
+    blocks hold 512 keys), so float32 inference runs every head as offset-table pieces, which compute the
+    triangle; gradients still take key rows (the kernel's backward). Both against the oracle."""
+    rows, pieces = [], []
+    original_row, original_piece = blocksparse._sdpa_key_row, blocksparse._sdpa_piece
+    monkeypatch.setattr(blocksparse, "_sdpa_key_row", lambda *a: rows.append(1) or original_row(*a))
+    monkeypatch.setattr(blocksparse, "_sdpa_piece", lambda *a: pieces.append(1) or original_piece(*a))
+    L = 512  # < KEY_ROW_MIN_QUERIES
+    q, k, v = _qkv(1, 4, 2, L, 32)
+    bias = ak.positions.ALiBi(4)
+    with torch.no_grad():
+        out = ak.attention(q, k, v, M.prepare(M.causal(), L), bias=bias, backend="blocksparse")
+    assert not rows and pieces
+    text = str(ak.explain(q, k, v, M.prepare(M.causal(), L), bias=bias, backend="blocksparse"))
+    assert "SDPA with the table slice as its float mask, 4 query pieces" in text and "key terms" not in text
+    golden = ak.reference_attention(q.double(), k.double(), v.double(), M.causal(), bias=bias)
+    assert_within_rule(out, ak.reference_attention(q, k, v, M.causal(), bias=bias), golden)
+    q.requires_grad_(True)
+    ak.attention(q, k, v, M.causal(), bias=bias, backend="blocksparse").sum().backward()
+    assert rows  # 1/64, 1/256 as one key-row call with gradients
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("amx, heads", [(True, [4]), (False, [3])])
+def test_half_precision_inference_runs_every_head_as_one_key_row_call(monkeypatch, dtype, amx, heads):
+    """Half precision inference: one key-row call for every head whose row spans at most HALF_KEY_ROW_SPAN
+    (float32's rounding of the row stays far below half precision's); with AMX tiles steep heads too (their
+    subnormal weights cost nothing measurable there), without them slope 1/4 (a fall of 128 in one kernel
+    block) stays on the offset table. Against the oracle."""
+    groups = []
+    original = blocksparse._sdpa_key_row
+    monkeypatch.setattr(blocksparse, "_sdpa_key_row",
+                        lambda call, g, k, v: groups.append(g.heads.stop - g.heads.start) or original(call, g, k, v))
+    monkeypatch.setattr(blocksparse, "_amx", lambda: amx, raising=False)
+    q, k, v = _qkv(2, 4, 2, 512, 32, dtype=dtype)
+    bias = ak.positions.ALiBi(4)  # slopes 1/4 .. 1/256: spans 128 .. 2
+    with torch.no_grad():
+        out = ak.attention(q, k, v, M.prepare(M.causal(), 512), bias=bias, backend="blocksparse")
+    assert groups == heads
+    golden = ak.reference_attention(q.double(), k.double(), v.double(), M.causal(), bias=bias)
+    assert_within_rule(out, ak.reference_attention(q, k, v, M.causal(), bias=bias), golden)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_key_rows_near_their_span_limit_match_the_oracle(key_row_segments, dtype):
+    """Rows spanning up to ~4000 (slope 3.9 over 1024 keys) in one call, large scores (q, k scaled by 3)."""
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 4, 1024, 32, generator=g) * s for s in (3.0, 3.0, 1.0))
+    q, k, v = (t.to(dtype) for t in (q, k, v))
+    bias = ak.positions.ALiBi(4, slopes=torch.tensor([3.9, 0.5, 0.01, 0.0]))
+    with torch.no_grad():
+        out = ak.attention(q, k, v, M.prepare(M.causal(), 1024), bias=bias, backend="blocksparse")
+    assert key_row_segments == [1] or not blocksparse._amx()  # without AMX tiles 3.9 and 0.5 stay on the table
+    golden = ak.reference_attention(q.double(), k.double(), v.double(), M.causal(), bias=bias)
+    assert_within_rule(out, ak.reference_attention(q, k, v, M.causal(), bias=bias), golden)
+
+
+def test_half_precision_key_rows_stop_at_their_span(monkeypatch):
+    """A row spanning more than HALF_KEY_ROW_SPAN (slope 16 over 512 keys: 8176) stays on the offset table."""
+    groups = []
+    original = blocksparse._sdpa_key_row
+    monkeypatch.setattr(blocksparse, "_sdpa_key_row",
+                        lambda call, g, k, v: groups.append(g.heads.stop - g.heads.start) or original(call, g, k, v))
+    monkeypatch.setattr(blocksparse, "_amx", lambda: True, raising=False)
+    q, k, v = _qkv(1, 2, 2, 512, 32, dtype=torch.bfloat16)
+    bias = ak.positions.ALiBi(2, slopes=torch.tensor([16.0, 0.01]))
+    with torch.no_grad():
+        out = ak.attention(q, k, v, M.causal(), bias=bias, backend="blocksparse")
+    assert groups == [1]  # 0.01 only
+    golden = ak.reference_attention(q.double(), k.double(), v.double(), M.causal(), bias=bias)
+    assert_within_rule(out, ak.reference_attention(q, k, v, M.causal(), bias=bias), golden)
 
 
 def test_key_row_is_the_last_querys_bias():

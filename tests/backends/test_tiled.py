@@ -304,18 +304,20 @@ def test_single_query_row_is_as_accurate_as_the_reference(seed, mask_name):
 
 
 def test_inference_takes_the_sdpa_pieces_and_training_the_tiled_kernel(monkeypatch):
-    """Without gradients ALiBi causal runs as SDPA pieces (the forward speed); with them, the tiled kernel (whose
-    backward is 2-3x faster than SDPA's with a float mask on CPU). Both against the reference."""
+    """Without gradients ALiBi under a window runs as SDPA pieces (the forward speed; causal half precision
+    takes key rows, tests/backends/test_key_rows.py); with them, the tiled kernel (whose backward is 2-3x
+    faster than SDPA's with a float mask on CPU). Both against the reference."""
     calls = []
     sdpa = torch.nn.functional.scaled_dot_product_attention
     monkeypatch.setattr(blocksparse.F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(1) or sdpa(*a, **kw))
     bias = ak.positions.ALiBi(4)
+    window = M.sliding_window(200)
     for dtype in (torch.float32, torch.bfloat16, torch.float16):  # half precision: a float32 mask on the CPU
         q, k, v = _qkv(2, 4, 2, 300, 300, 16, dtype=dtype)
         with torch.no_grad():
-            out = ak.attention(q, k, v, M.causal(), bias=bias, backend="blocksparse")
-            golden = ak.reference_attention(q.double(), k.double(), v.double(), M.causal(), bias=bias)
-            assert_within_rule(out, ak.reference_attention(q, k, v, M.causal(), bias=bias), golden)
+            out = ak.attention(q, k, v, window, bias=bias, backend="blocksparse")
+            golden = ak.reference_attention(q.double(), k.double(), v.double(), window, bias=bias)
+            assert_within_rule(out, ak.reference_attention(q, k, v, window, bias=bias), golden)
         assert calls, dtype
         calls.clear()
     q, k, v = _qkv(2, 4, 2, 300, 300, 16)

@@ -182,3 +182,25 @@ def test_slope_errors():
     q = torch.randn(2, 2, 5, 8)
     with pytest.raises(AttnkitValueError, match="bias ALiBi has per-row terms for batch 3 but q has batch 2"):
         ak.attention(q, q, q, bias=per_row)
+
+
+def test_needs_grad_reads_the_slopes_without_scoring(monkeypatch):
+    """ALiBi answers from its slopes (no score evaluated per call); a subclass with its own score is scored;
+    a call with trainable slopes still gives the slopes a gradient."""
+    fixed, trained = ALiBi(4), ALiBi(4, slopes=nn.Parameter(torch.rand(4)))
+    monkeypatch.setattr(ALiBi, "score", lambda *a, **kw: pytest.fail("scored"))
+    assert fixed.needs_grad(torch.device("cpu")) is False and trained.needs_grad(torch.device("cpu")) is True
+    monkeypatch.undo()
+
+    class Scaled(ALiBi):
+        def __init__(self):
+            super().__init__(4)
+            self.gain = nn.Parameter(torch.ones(()))
+
+        def score(self, h, q_pos, kv_pos, b=None):
+            return self.gain * super().score(h, q_pos, kv_pos, b)
+
+    assert Scaled().needs_grad(torch.device("cpu")) is True
+    q = torch.randn(1, 4, 16, 8)
+    ak.attention(q, q, q, ak.masks.causal(), bias=trained).sum().backward()
+    assert trained.slopes.grad is not None and bool(torch.isfinite(trained.slopes.grad).all())

@@ -22,6 +22,8 @@ lq/lk a piece's query/key counts, D/Dv head dims.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -29,7 +31,16 @@ from attnkit._bias import StructuredBias
 from attnkit._validation import AttentionCall
 from attnkit.backends.base import Rank, is_long, skippable_structure
 from attnkit.backends.block_plan import Piece, Plan, make_plan
-from attnkit.backends.relative import BLOCK, KEY_ROW_SEGMENTS, HeadGroup, describe, key_row, relative_groups
+from attnkit.backends.relative import (
+    BLOCK,
+    HALF_KEY_ROW_SPAN,
+    KEY_ROW_SEGMENTS,
+    HeadGroup,
+    KeyRowRule,
+    describe,
+    relative_groups,
+    segment_rows,
+)
 from attnkit.backends.tiled import tiled_attention
 from attnkit.backends.varlen import document_runs, run_documents
 from attnkit.functional.reference import expand_kv, propagate_nan_queries
@@ -49,6 +60,11 @@ SPARSE_MIN_QUERIES = 128
 #: SDPA's is_causal without the bias from 256 to 4096 keys, where SDPA with the dense bias gave 0.21-0.31x
 #: up to 1024 (2-core Xeon with AMX, CPU time)
 RELATIVE_MIN_KEYS = 256
+#: inference runs ALiBi causal heads as key rows (SDPA's causal flag) from this many queries on: below, the fused
+#: CPU kernel's causal flag skipped nothing (its query blocks are small there: N = 512, H = 4, float32, causal
+#: 2.47 ms vs the full square 2.43 ms; at 1024, 7.24 vs 9.45), so the offset table's pieces, which compute the
+#: triangle, were faster (ALiBi causal at N = 512: 0.88x SDPA causal without bias, key rows 0.75x; 768: even)
+KEY_ROW_MIN_QUERIES = 768
 
 
 class BlockSparseBackend:
@@ -89,9 +105,10 @@ class BlockSparseBackend:
         if runs is not None:
             return runs.describe()
         mask, _ = _mask_and_context(call)
-        groups = relative_groups(call, mask, sdpa=_relative_on_sdpa(call), key_rows=_key_row_segments(call))
+        sdpa = _relative_on_sdpa(call)
+        groups = relative_groups(call, mask, sdpa=sdpa, key_rows=_key_row_rule(call))
         if groups is not None:
-            return describe(groups, call)
+            return describe(groups, call, sdpa)
         plans = make_plans(call)
         return "skips unreachable key blocks: " + plans[0].describe() + (
             f" (per batch row, {len(plans)} plans)" if len(plans) > 1 else "")
@@ -101,7 +118,7 @@ class BlockSparseBackend:
         if runs is not None:  # packed causal documents: each one a causal sequence of its own
             return propagate_nan_queries(run_documents(call, runs), call.q)
         mask, ctx = _mask_and_context(call)
-        groups = relative_groups(call, mask, sdpa=_relative_on_sdpa(call), key_rows=_key_row_segments(call))
+        groups = relative_groups(call, mask, sdpa=_relative_on_sdpa(call), key_rows=_key_row_rule(call))
         if groups is not None:  # offset-only mask and bias: table slices, no per-piece evaluation
             out = _run_relative(call, groups)
         else:
@@ -124,8 +141,8 @@ def _run_relative(call: AttentionCall, groups: list[HeadGroup]) -> torch.Tensor:
     out = outs[0] if len(outs) == 1 else torch.cat(outs, dim=1)  # (B, H, Lq, Dv)
     if not on_sdpa:  # the tiled kernel gives empty rows 0 itself; key rows have none (causal, Lq = Lk)
         return out
-    empty = groups[0].table.empty_rows()  # (Lq,) queries that see no key
-    return out.masked_fill(empty.to(out.device)[:, None], 0.0) if bool(empty.any()) else out
+    empty = groups[0].table.empty_rows()  # (Lq,) queries that see no key, or None
+    return out if empty is None else out.masked_fill(empty.to(out.device)[:, None], 0.0)
 
 
 def _offset_pieces_on_sdpa(call: AttentionCall) -> bool:
@@ -150,20 +167,36 @@ def _relative_on_sdpa(call: AttentionCall) -> bool:
     return call.softcap is None and dtype_ok and call.q_len >= BLOCK and not _trains(call)
 
 
-def _key_row_segments(call: AttentionCall) -> int:
-    """The most query segments a head may run in as causal calls with its key row
-    (:func:`~attnkit.backends.relative.key_row`), 0 for none: on the CPU, whose fused kernel takes a float mask
-    beside its causal flag and has a backward, in float32 (or half precision) from :data:`BLOCK` queries on,
-    without dropout or softcap. With autograd one segment (the segments' merge reads the kernel's log-sum-exp,
-    which its backward does not differentiate): forward+backward then costs what SDPA's causal kernel does
-    (measured 38.8 vs 38.4 ms at N = 2048, H = 2, where the tiled kernel took 66.4 ms)."""
+def _key_row_rule(call: AttentionCall) -> KeyRowRule | None:
+    """How heads may run as causal calls with their key row (:func:`~attnkit.backends.relative.key_row`), None
+    for not at all: on the CPU, whose fused kernel takes a float mask beside its causal flag and has a
+    backward, in float32 (or half precision) from :data:`BLOCK` queries on, without dropout or softcap.
+
+    - With autograd one segment (the segments' merge reads the kernel's log-sum-exp, which its backward does
+      not differentiate): forward+backward then costs what SDPA's causal kernel does (measured 38.8 vs 38.4 ms
+      at N = 2048, H = 2, where the tiled kernel took 66.4 ms).
+    - Half precision inference: one segment spanning up to HALF_KEY_ROW_SPAN, so usually every head in one
+      call; with AMX tiles no limit on the fall per kernel block (steep heads' subnormal weights cost nothing
+      measurable there: slope 1/4 ran 1.17x the causal kernel's time in bfloat16, 1.04x in float16, at N = 512,
+      where the offset table's pieces took 1.5x).
+    - float32 inference: up to KEY_ROW_SEGMENTS, from :data:`KEY_ROW_MIN_QUERIES` queries on (below, the offset
+      table's pieces are faster)."""
     half = call.q.dtype in (torch.float16, torch.bfloat16)
     if not (call.q.device.type == "cpu" and call.dropout_p == 0 and call.softcap is None and call.q_len >= BLOCK
             and (half or call.q.dtype == torch.float32)
             and hasattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu")):
-        return 0
-    grad = torch.is_grad_enabled() and any(t.requires_grad for t in (call.q, call.k, call.v))
-    return 1 if half or grad else KEY_ROW_SEGMENTS
+        return None
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (call.q, call.k, call.v)):
+        return KeyRowRule(1)
+    if half:
+        return KeyRowRule(1, HALF_KEY_ROW_SPAN, None) if _amx() else KeyRowRule(1, HALF_KEY_ROW_SPAN)
+    return KeyRowRule(KEY_ROW_SEGMENTS) if call.q_len >= KEY_ROW_MIN_QUERIES else None
+
+
+@functools.cache
+def _amx() -> bool:
+    """Whether this CPU has AMX tiles (asked on first use, never at import)."""
+    return bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
 
 
 def _sdpa_key_row(call: AttentionCall, group: HeadGroup, k, v) -> torch.Tensor:
@@ -174,12 +207,8 @@ def _sdpa_key_row(call: AttentionCall, group: HeadGroup, k, v) -> torch.Tensor:
     ``is_causal``; the kernel itself takes both."""
     kernel = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
     q, k, v = call.q[:, group.heads], k[:, group.heads], v[:, group.heads]  # (B, h, L, D|Dv)
-    row = key_row(call)[group.heads]  # (h, Lk)
-    size = -(-call.q_len // group.key_row)
     outs = []
-    for a in range(0, call.q_len, size):
-        b = min(a + size, call.q_len)
-        seg = row - (row[:, a:a + 1] + row[:, b - 1:b]) / 2  # (h, Lk) centred on the segment's diagonal block
+    for a, b, seg in segment_rows(call, group.heads, group.key_row):  # seg (h, Lk) centred on [a, b)'s block
         out, lse = kernel(q[:, :, a:b], k[:, :, a:b], v[:, :, a:b], 0.0, True,
                           attn_mask=seg[None, :, None, a:b], scale=call.scale)  # (B, h, lq, Dv), (B, h, lq)
         if a > 0:  # the keys before the block: every query of the segment sees them all

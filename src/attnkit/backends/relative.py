@@ -25,7 +25,9 @@ Shape legend: B batch, H heads, Lq/Lk lengths, lq/lk a piece's query/key counts,
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
@@ -46,6 +48,9 @@ REACH_STEP = 32
 #: float32's subnormal range (< e^-87): slope 1/4 at N = 1024 ran 1.9x the causal kernel's time per head with
 #: 60, 0.9x with 30
 REACH_CUTOFF = 30.0
+#: what the scores can add (``2 * scale * max|q| * max|k|``) is rounded up to a multiple of this before the reach
+#: is looked up (layers share it; at most MARGIN_STEP / slope more keys)
+MARGIN_STEP = 2.0
 #: a kernel call's fixed cost in score entries: heads join a group (computing keys beyond their reach, as -inf)
 #: when that costs less than calls of their own (measured on ALiBi causal at N = 512-4096: 65536 beat 8192 by
 #: 4-9% and one group for all heads by up to 27%)
@@ -62,12 +67,16 @@ KEY_ROW_SPAN = 32.0
 #: the offset table: their bias would push weights into float32's subnormal range (below e^-87), where x86
 #: matrix products slow down (measured: slope 1/4 ran at 0.41-0.50x the causal kernel at N = 1024-4096)
 KEY_ROW_SEGMENTS = 4
+#: in half precision (inference) a key row may span this much in one call: float32's rounding of the row then
+#: moves a weight by at most 2048 * 2^-24 (1.2e-4 relative), an eighth of float16's resolution
+HALF_KEY_ROW_SPAN = 4096.0
 #: keys per block of SDPA's fused CPU kernel: a head's bias may fall at most 2 * KEY_ROW_SPAN across one block,
 #: so that weights stay out of the subnormal range inside it (slope 1/4 at N = 512, a fall of 128, ran 1.6x the
 #: causal kernel's time per head)
 KERNEL_KEY_BLOCK = 512
 
 Interval = tuple[int | None, int | None]
+T = TypeVar("T")
 
 
 @dataclass
@@ -87,13 +96,25 @@ class HeadGroup:
         return self.table.terms(piece, slice(self.heads.start + start, self.heads.start + stop))
 
 
+@dataclass(frozen=True)
+class KeyRowRule:
+    """Which heads may run as causal calls with their key row (:func:`key_row`): those whose row spans at most
+    ``span`` in each of at most ``segments`` query segments and falls at most ``block_fall`` across one kernel
+    block of :data:`KERNEL_KEY_BLOCK` keys (None: no limit, where weights in the subnormal range cost nothing
+    measurable)."""
+
+    segments: int
+    span: float = KEY_ROW_SPAN
+    block_fall: float | None = 2 * KEY_ROW_SPAN
+
+
 def relative_groups(call: AttentionCall, mask: MaskSpec | None, sdpa: bool = False,
-                    key_rows: int = 0) -> list[HeadGroup] | None:
+                    key_rows: KeyRowRule | None = None) -> list[HeadGroup] | None:
     """The head groups of an offset-only call, or None when the call isn't one (bias not relative, mask not
     an offset interval, positions not consecutive or not shared by the batch rows). ``sdpa``: the pieces run
     on SDPA (keys beyond :data:`REACH_CUTOFF` skipped, not the tiled kernel's CUTOFF); ``key_rows``: the caller
-    can run heads as causal calls with a key row (:func:`key_row`) in up to this many query segments; heads
-    that qualify get groups of their own marked with their segment count."""
+    can run heads as causal calls with a key row (:func:`key_row`) under this rule; heads that qualify get
+    groups of their own marked with their segment count."""
     if not (isinstance(call.bias, StructuredBias) and call.bias.relative):
         return None
     interval = (None, None) if mask is None else mask.offsets()
@@ -104,11 +125,9 @@ def relative_groups(call: AttentionCall, mask: MaskSpec | None, sdpa: bool = Fal
     if q0 is None or k0 is None:
         return None
     base = k0 - q0  # d = base + j - i for query index i and key index j
-    rows = _key_row_heads(call, interval, base, key_rows) if key_rows else (0,) * call.num_heads
-    if all(rows):  # no head reads the table: skip the reach (it reads q and k)
-        per_head = [interval] * call.num_heads
-    else:
-        per_head = _head_intervals(call, interval, base, REACH_CUTOFF if sdpa else CUTOFF)  # one interval per head
+    rows = (0,) * call.num_heads if key_rows is None else _bias_memo(
+        call, ("key_row_heads", interval, base, key_rows), lambda: _key_row_heads(call, interval, base, key_rows))
+    per_head = _head_intervals(call, interval, base, REACH_CUTOFF if sdpa else CUTOFF, rows)  # one per head
     table = OffsetTable(call, interval, per_head, base)  # every group reads its heads' slices of one table
     layout = _layout(call, base, per_head, rows) if call.prepared is None else call.prepared.memo(
         ("relative_layout", base, tuple(per_head), rows),
@@ -133,12 +152,12 @@ def _layout(call: AttentionCall, base: int, per_head: list[Interval],
     return [(slice(h0, h1), _pieces(iv, base, call.q_len, call.kv_len)) for h0, h1, iv in groups]
 
 
-def _key_row_heads(call: AttentionCall, interval: Interval, base: int, most: int) -> tuple[int, ...]:
+def _key_row_heads(call: AttentionCall, interval: Interval, base: int, rule: KeyRowRule) -> tuple[int, ...]:
     """Per head: the query segments it needs to run as causal calls with its key row (0: it can't), exactly:
     the mask is causal (every key at or before the query), queries and keys are the same positions (the
-    kernel's causal flag aligns top-left), the bias is linear there, and its row spans at most
-    :data:`KEY_ROW_SPAN` in each of at most ``most`` segments, and per kernel block (the caller asks one
-    segment for half precision, whose merge would round each segment's output first, and for autograd)."""
+    kernel's causal flag aligns top-left), the bias is linear there, and its row keeps to ``rule`` (the
+    caller asks one segment for half precision, whose merge would round each segment's output first, and for
+    autograd)."""
     d_lo, d_hi = interval
     causal = d_hi == 0 and (d_lo is None or d_lo <= 1 - call.kv_len)
     if not (call.bias.causal_linear and causal and base == 0 and call.q_len == call.kv_len):
@@ -146,9 +165,10 @@ def _key_row_heads(call: AttentionCall, interval: Interval, base: int, most: int
     row = key_row(call)  # (H, Lk)
     out = []
     for span in (row.amax(-1) - row.amin(-1)).tolist():
-        segments = max(1, math.ceil(span / KEY_ROW_SPAN))
+        segments = max(1, math.ceil(span / rule.span))
         block_fall = span * min(1.0, KERNEL_KEY_BLOCK / max(1, call.kv_len - 1))  # across one kernel block
-        out.append(segments if segments <= most and block_fall <= 2 * KEY_ROW_SPAN else 0)
+        fits = segments <= rule.segments and (rule.block_fall is None or block_fall <= rule.block_fall)
+        out.append(segments if fits else 0)
     return tuple(out)
 
 
@@ -162,8 +182,30 @@ def key_row(call: AttentionCall) -> torch.Tensor:
         h = torch.arange(call.num_heads, device=dev)[:, None]  # (H, 1)
         j = torch.arange(call.kv_len, device=dev)[None, :]  # (1, Lk)
         return call.bias.score(h, torch.full((), call.kv_len - 1, device=dev), j).float()  # (H, Lk)
-    key = call.bias.memo_key()
-    return build() if call.prepared is None or key is None else call.prepared.memo(("key_row", key), build)
+    return _bias_memo(call, ("key_row",), build)
+
+
+def segment_rows(call: AttentionCall, heads: slice, segments: int) -> list[tuple[int, int, torch.Tensor]]:
+    """The key rows of ``heads`` cut into ``segments`` query segments ``[a, b)``: ``(a, b, (h, Lk))``, each row
+    less its segment's middle value (the bias at the diagonal block's ends averaged), so that its entries stay
+    small. Kept in the prepared mask's memo beside :func:`key_row` (a mask built per call made the kernel call
+    itself 5-7% slower than one it had read before, bfloat16 at N = 512)."""
+    def build() -> list[tuple[int, int, torch.Tensor]]:
+        row = key_row(call)[heads]  # (h, Lk)
+        size, out = -(-call.q_len // segments), []
+        for a in range(0, call.q_len, size):
+            b = min(a + size, call.q_len)
+            out.append((a, b, row - (row[:, a:a + 1] + row[:, b - 1:b]) / 2))  # (h, Lk)
+        return out
+    return _bias_memo(call, ("segment_rows", heads.start, heads.stop, segments), build)
+
+
+def _bias_memo(call: AttentionCall, key: tuple, build: Callable[[], T]) -> T:
+    """``build()`` kept in the prepared mask's memo under ``key`` and the bias's memo key (the prepared mask
+    fixes Lq, Lk, the positions and the device; the bias's key what it scores); built per call without a
+    prepared mask or when the bias can't say what it is."""
+    bias_key = call.bias.memo_key()
+    return build() if call.prepared is None or bias_key is None else call.prepared.memo((*key, bias_key), build)
 
 
 def _union(a: Interval, b: Interval) -> Interval:
@@ -179,43 +221,80 @@ def _cost(call: AttentionCall, base: int, heads: int, interval: Interval) -> int
     return heads * sum(p.lq * p.lk for p in pieces) + CALL_ENTRIES * len(pieces)
 
 
-def describe(groups: list[HeadGroup], call: AttentionCall) -> str:
-    work = sum((g.heads.stop - g.heads.start) * p.lq * p.lk for g in groups for p in g.pieces)
-    work /= max(1, call.num_heads * call.q_len * call.kv_len)
-    pruned = f", {len(groups)} head groups by how far their bias reaches" if len(groups) > 1 else ""
+def describe(groups: list[HeadGroup], call: AttentionCall, sdpa: bool = False) -> str:
+    """What :func:`relative_groups` planned, for ``ak.explain`` (``sdpa``: the pieces run on SDPA)."""
     rows = sum(g.heads.stop - g.heads.start for g in groups if g.key_row)
-    rows = f"; {rows} heads as causal SDPA calls with the bias as a row of key terms" if rows else ""
-    return (f"tiled kernel, {len(groups[0].pieces)} query pieces against the keys their offsets allow, bias "
-            f"from an offset table{pruned}; computes {100 * work:.1f}% of the Lq x Lk entries{rows}")
+    rows_text = f"{rows} heads as causal SDPA calls with the bias as a row of key terms"
+    table = [g for g in groups if not g.key_row]
+    if not table:
+        return f"{rows_text} (no offset table)"
+    work = sum((g.heads.stop - g.heads.start) * p.lq * p.lk for g in table for p in g.pieces)
+    work /= max(1, (call.num_heads - rows) * call.q_len * call.kv_len)
+    pruned = f", {len(table)} head groups by how far their bias reaches" if len(table) > 1 else ""
+    kernel = "SDPA with the table slice as its float mask" if sdpa else "tiled kernel"
+    return (f"{kernel}, {len(table[0].pieces)} query pieces against the keys their offsets allow, bias from an "
+            f"offset table{pruned}; computes {100 * work:.1f}% of the Lq x Lk entries" + (f"; {rows_text}" if rows else ""))
 
 
-def _head_intervals(call: AttentionCall, interval: Interval, base: int, cutoff: float) -> list[Interval]:
+def _head_intervals(call: AttentionCall, interval: Interval, base: int, cutoff: float,
+                    whole: tuple[int, ...]) -> list[Interval]:
     """The mask's interval per head, narrowed to the bias's reach (``cutoff`` beyond what the scores can add)
-    where every query sees offset 0."""
+    where every query sees offset 0. Only heads whose reach may end inside the call (:func:`_may_cut`) read
+    the norms of q and k; the rest, and heads in ``whole`` (key rows), keep the mask's interval."""
     d_lo, d_hi = interval
+    H = call.num_heads
     sees_zero = (d_lo is None or d_lo <= 0) and (d_hi is None or d_hi >= 0) and base <= 0 \
         and call.q_len - 1 - base < call.kv_len  # key j = i - base exists for every query i
-    if not sees_zero:
-        return [interval] * call.num_heads
+    cut = _may_cut(call, cutoff, whole) if sees_zero else []
+    if not cut:  # no head's reach can end inside the call: the norms aren't read
+        return [interval] * H
+    heads, G = slice(cut[0], cut[-1] + 1), H // call.num_kv_heads  # the heads whose norms are read
+    kv = slice(heads.start // G, (heads.stop - 1) // G + 1)  # their KV heads
     with torch.no_grad():
         dtype = torch.promote_types(call.q.dtype, torch.float32)  # norms without a float32 copy of q and k
-        q_norm = torch.linalg.vector_norm(call.q.detach(), dim=-1, dtype=dtype).amax(dim=(0, 2))  # (H,)
-        k_norm = torch.linalg.vector_norm(call.k.detach(), dim=-1, dtype=dtype).amax(dim=(0, 2))  # (Hkv,)
-        k_norm = k_norm.repeat_interleave(call.num_heads // call.num_kv_heads)  # (H,)
-        margin = cutoff + 2 * call.scale * q_norm * k_norm  # (H,) most a score can rise above offset 0's
-        reach = call.bias.reach(margin)
+        q_norm = torch.linalg.vector_norm(call.q[:, heads].detach(), dim=-1, dtype=dtype).amax(dim=(0, 2))  # (h,)
+        k_norm = torch.linalg.vector_norm(call.k[:, kv].detach(), dim=-1, dtype=dtype).amax(dim=(0, 2))  # (hkv,)
+        norms = torch.cat([q_norm, k_norm]).tolist()  # one read back: small host arithmetic from here
+    margin = [cutoff] * H
+    for h in range(heads.start, heads.stop):  # most a score can rise above offset 0's, rounded up (exact: a
+        # wider reach only computes more) so that layers with similar norms share the memo's reach
+        rise = 2 * abs(call.scale) * norms[h - heads.start] * norms[heads.stop - heads.start + h // G - kv.start]
+        margin[h] += MARGIN_STEP * math.ceil(rise / MARGIN_STEP) if math.isfinite(rise) else math.inf
+    reach = _reach(call, tuple(margin))
     if reach is None:
-        return [interval] * call.num_heads
-    out = []
-    for r in reach.tolist():
-        if not math.isfinite(r) or r >= call.q_len + call.kv_len:  # reaches every key: the heads group together
-            out.append(interval)
-            continue
-        # beyond r keys the weight is exactly 0 after the cutoff; rounded up to a multiple of REACH_STEP so that
-        # layers whose norms differ a little share the offset table (a wider reach only computes more, exactly)
-        r = REACH_STEP * math.ceil(r / REACH_STEP)
-        out.append((-r if d_lo is None else max(d_lo, -r), r if d_hi is None else min(d_hi, r)))
-    return out
+        return [interval] * H
+    return [_narrow(call, interval, r) if h in cut else interval for h, r in enumerate(reach)]
+
+
+def _reach(call: AttentionCall, margin: tuple[float, ...]) -> list[float] | None:
+    """The bias's reach per head for ``margin`` (:meth:`~attnkit._bias.StructuredBias.reach`), kept in the
+    prepared mask's memo when the bias has a memo key (a few tiny tensor operations per call otherwise)."""
+    def build() -> list[float] | None:
+        reach = call.bias.reach(torch.tensor(margin, dtype=torch.float64))  # (H,)
+        return None if reach is None else reach.tolist()
+    return _bias_memo(call, ("reach", margin), build)
+
+
+def _narrow(call: AttentionCall, interval: Interval, r: float) -> Interval:
+    """``interval`` cut to offsets within ``r`` of 0 (beyond, the weight is exactly 0 after the cutoff),
+    ``r`` rounded up to a multiple of :data:`REACH_STEP` so that layers whose norms differ a little share
+    the offset table (a wider reach only computes more, exactly); unchanged when ``r`` reaches every key."""
+    if not math.isfinite(r) or r >= call.q_len + call.kv_len:
+        return interval
+    r = REACH_STEP * math.ceil(r / REACH_STEP)
+    return -r if interval[0] is None else max(interval[0], -r), r if interval[1] is None else min(interval[1], r)
+
+
+def _may_cut(call: AttentionCall, cutoff: float, whole: tuple[int, ...]) -> list[int]:
+    """The heads, not in ``whole``, whose least reach (the scores adding nothing) ends before ``Lq + Lk``: only
+    theirs can narrow. Narrowing also keeps far keys' weights out of float32's slow subnormal range (their
+    table entries are -inf) where a group computes them for a wider head. Kept in the prepared mask's memo when
+    the bias has a memo key (the prepared mask fixes Lq and Lk)."""
+    def build() -> list[int]:
+        floor = call.bias.reach(torch.full((call.num_heads,), cutoff, dtype=torch.float64))  # (H,)
+        span = call.q_len + call.kv_len
+        return [] if floor is None else [h for h, r in enumerate(floor.tolist()) if not whole[h] and r < span]
+    return _bias_memo(call, ("reach_may_cut", cutoff, whole), build)
 
 
 def _pieces(interval: Interval, base: int, Lq: int, Lk: int) -> list[Piece]:
@@ -255,14 +334,21 @@ class OffsetTable:
         assert x0 >= 0 and x0 + piece.lk <= self.width, "piece outside the offset table"
         return self.table[None, heads, :piece.lq, x0:x0 + piece.lk]
 
-    def empty_rows(self) -> torch.Tensor:
-        """``(Lq,)`` bool on the CPU: the queries the mask lets see no key (their output is 0)."""
+    def empty_rows(self) -> torch.Tensor | None:
+        """``(Lq,)`` bool on the CPU: the queries the mask lets see no key (their output is 0), None when there
+        are none; kept in the prepared mask's memo (it fixes Lq, Lk and the positions)."""
+        if self.call.prepared is None:
+            return self._empty_rows()
+        return self.call.prepared.memo(("empty_rows", self.interval, self.base), self._empty_rows)
+
+    def _empty_rows(self) -> torch.Tensor | None:
         d_lo, d_hi = self.interval
         i = torch.arange(self.call.q_len)  # (Lq,) key j = i - base + d sits at offset d
         lo = torch.zeros_like(i) if d_lo is None else (i - self.base + d_lo).clamp(min=0)  # lowest visible key
         hi = torch.full_like(i, self.call.kv_len - 1) if d_hi is None else (i - self.base + d_hi).clamp(
             max=self.call.kv_len - 1)  # highest
-        return lo > hi
+        empty = lo > hi  # (Lq,)
+        return empty if bool(empty.any()) else None
 
     @property
     def table(self) -> torch.Tensor:
