@@ -126,10 +126,22 @@ def _wants_weights(module, kwargs: dict) -> bool:
             config = getattr(module, "config", None)
         # transformers' config stores the flag as ``_output_attentions`` behind a property and two
         # ``__getattribute__`` overrides (~5 us per layer per step); read it from the instance dict when it is there
-        fields = getattr(config, "__dict__", {})
+        fields = _fields_of(module, config)
         flag = fields["_output_attentions"] if "_output_attentions" in fields else getattr(
             config, "output_attentions", False)
     return bool(flag)
+
+
+def _fields_of(module, config) -> dict:
+    """``config.__dict__`` (live: the same dict object for the config's life), kept on ``module`` per config object:
+    even ``__dict__`` goes through the config's ``__getattribute__`` overrides (~1 us per layer per step)."""
+    kept = module.__dict__.get("_attnkit_config_fields")
+    if kept is not None and kept[0] is config:
+        return kept[1]
+    fields = getattr(config, "__dict__", {})
+    if not torch.compiler.is_compiling():  # (nothing stored on a module while a graph is traced)
+        module.__dict__["_attnkit_config_fields"] = (config, fields)
+    return fields
 
 
 def _refuse_unsupported(module, kwargs: dict) -> None:
