@@ -97,11 +97,13 @@ def test_bench_hf_generate_refuses_contenders_whose_tokens_differ(tmp_path, monk
         capsys.readouterr().err
 
 
-def test_bench_hf_generate_refuses_unknown_families(tmp_path, capsys):
+@pytest.mark.parametrize("flag", ["--families", "--compile-families"])
+def test_bench_hf_generate_refuses_unknown_families(tmp_path, capsys, flag):
     from attnkit.cli.main import main
 
-    assert main([*GENERATE, "--families", "llama,falcon", "--out", str(tmp_path)]) == 2
-    assert "--families 'llama,falcon': choose from llama, mistral, qwen2, gpt2, gemma2 (comma-separated), got " \
+    args = [a for a in GENERATE if a != "--no-compile"]
+    assert main([*args, flag, "llama,falcon", "--out", str(tmp_path)]) == 2
+    assert f"{flag} 'llama,falcon': choose from llama, mistral, qwen2, gpt2, gemma2 (comma-separated), got " \
            "unknown ['falcon']" in capsys.readouterr().err
 
 

@@ -70,11 +70,11 @@ class CountCalls:
         self.calls += 1
 
 
-def parse_families(text: str) -> list[str]:
+def parse_families(text: str, flag: str = "--families") -> list[str]:
     names = [n.strip() for n in text.split(",") if n.strip()]
     unknown = [n for n in names if n not in FAMILIES]
     if unknown or not names:
-        raise AttnkitValueError(f"--families {text!r}: choose from {', '.join(FAMILIES)} (comma-separated), got "
+        raise AttnkitValueError(f"{flag} {text!r}: choose from {', '.join(FAMILIES)} (comma-separated), got "
                                 f"unknown {unknown}.")
     return names
 
@@ -108,7 +108,7 @@ def _kinds(family: str, args) -> dict[str, dict]:
     import transformers as tf
 
     kinds = {"dynamic": {}, "static": {"cache_implementation": "static"}}
-    if not args.no_compile and family in parse_families(args.compile_families):
+    if not args.no_compile and family in parse_families(args.compile_families, "--compile-families"):
         compile_config = tf.CompileConfig(fullgraph=True, dynamic=False)
         compile_config._compile_all_devices = True  # transformers compiles on CUDA only unless told
         kinds["static_compiled"] = {"cache_implementation": "static", "compile_config": compile_config}
@@ -157,6 +157,8 @@ def generate_speed(args) -> dict:
     """Every family of ``--families`` in turn (LLaMA at ``--gen-new-tokens``, the others at
     ``--gen-short-tokens``), on ``--gen-threads`` threads."""
     families = parse_families(args.families)
+    if not args.no_compile:
+        parse_families(args.compile_families, "--compile-families")  # (refused before any model is timed)
     threads = torch.get_num_threads()
     torch.set_num_threads(args.gen_threads)
     try:
