@@ -74,16 +74,18 @@ def test_no_mask_only_where_every_key_is_seen(window, q_len, kv_len, q_offset, k
         assert not padding or isinstance(built.spec, masks.Padding)  # the padding stays; the positional part goes
 
 
+@pytest.mark.parametrize("window", [None, 4], ids=["causal", "window4"])
 @pytest.mark.parametrize("padding", ["none", "left"])
 @pytest.mark.parametrize(("q_len", "offset"), [(1, 0), (1, 4), (1, 9), (1, 10), (3, 0), (3, 5), (3, 8)])
-def test_narrowed_mask_is_transformers_mask(q_len, offset, padding):
+def test_narrowed_mask_is_transformers_mask(q_len, offset, padding, window):
     batch = 2
+    fn = causal_mask_function if window is None else sliding_window_causal_mask_function(window)
     am = torch.ones(batch, offset + q_len, dtype=torch.bool)  # (B, seen + Lq), as generate passes it
     if padding == "left":
         am[1, :2] = False
-    built = mask_interface(batch, q_len, LK, q_offset=torch.tensor(offset), attention_mask=am)
+    built = mask_interface(batch, q_len, LK, q_offset=torch.tensor(offset), attention_mask=am, mask_function=fn)
     want = sdpa_mask(batch_size=batch, q_length=q_len, kv_length=LK, q_offset=offset, attention_mask=am,
-                     allow_is_causal_skip=False)  # (B, 1, Lq, LK)
+                     mask_function=fn, allow_is_causal_skip=False)  # (B, 1, Lq, LK)
     narrow = built.narrowed()
     assert torch.equal(_dense(built, batch), want), "the mask as built (explicit positions) is not HF's"
     assert torch.equal(_dense(narrow, batch), want), "the narrowed mask is not HF's"
@@ -91,8 +93,8 @@ def test_narrowed_mask_is_transformers_mask(q_len, offset, padding):
     assert narrow.kv_len == min(n, LK) and (narrow is built) == (n >= LK)
     if narrow is not built:
         assert narrow.q_positions is None and narrow.kv_positions is None  # attnkit's defaults: no positions
-        if q_len == 1 and padding == "none":
-            assert narrow.spec is None  # a decode step without padding needs no mask at all
+        if q_len == 1 and padding == "none" and (window is None or offset < window):
+            assert narrow.spec is None  # a decode step that sees every key, without padding, needs no mask at all
 
 
 def _own_overlay(b, h, q, kv):  # a model's own function: transformers' sdpa_mask evaluates it densely
@@ -111,11 +113,12 @@ def test_causal_and_a_function_outside_the_vocabulary_takes_no_shortcut(offset):
     assert torch.equal(built.spec.to_dense(1, LK).expand_as(want), want)
 
 
-@pytest.mark.parametrize("case", ["sliding_window", "kv_offset", "dense_overlay", "dynamic_cache"])
+@pytest.mark.parametrize("case", ["sliding_window_offset", "kv_offset", "dense_overlay", "dynamic_cache"])
 def test_masks_the_shortcut_cannot_prove_stay_as_built(case):
     offset = torch.tensor(4)
-    if case == "sliding_window":
-        built = mask_interface(1, 1, LK, q_offset=offset, mask_function=sliding_window_causal_mask_function(3))
+    if case == "sliding_window_offset":  # a full sliding cache (kv_offset > 0) reads its int offsets instead
+        built = mask_interface(1, 1, LK, q_offset=offset, kv_offset=1,
+                               mask_function=sliding_window_causal_mask_function(3))
     elif case == "kv_offset":
         built = mask_interface(1, 1, LK, q_offset=offset, kv_offset=2)
     elif case == "dense_overlay":
@@ -187,6 +190,30 @@ def test_static_cache_generate_is_narrowed_and_equals_transformers(family):
     full = [i for i, kind in enumerate(types) if kind == "full_attention"]
     seen = [key_lengths[f * layers + i] for f in range(10) for i in full]
     assert seen == [6 + f for f in range(10) for _ in full], f"{family}: full layers' key lengths {seen}"
+
+
+def test_static_sliding_layers_are_narrowed_until_their_window_fills():
+    """Mistral (every layer sliding, window 5) from a 3-token prompt: a static sliding layer holds 5 slots; until
+    they fill, its calls run on the keys reached so far (then transformers' offsets make every key visible)."""
+    torch.manual_seed(0)
+    ids = torch.randint(3, VOCAB, (2, 3))
+    am = torch.ones_like(ids)
+    ref, model = build("mistral", "sdpa"), build("mistral", "attnkit")
+    model.load_state_dict(ref.state_dict())
+    key_lengths = []
+
+    def observe(call, result):
+        key_lengths.append(call.k.shape[2])
+
+    want = _generate(ref, ids, am)
+    add_observer(observe)
+    try:
+        got = _generate(model, ids, am)
+    finally:
+        remove_observer(observe)
+    err = max((g - w).abs().max().item() for g, w in zip(got.logits, want.logits))
+    assert err <= TOL and torch.equal(got.sequences, want.sequences), f"logits differ by {err:.3g}"
+    assert key_lengths[::2][:3] == [3, 4, 5], key_lengths  # the first layer's calls: prefill, then two steps
 
 
 def test_static_cache_weights_are_padded_back_to_the_cache_length():

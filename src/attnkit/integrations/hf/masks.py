@@ -48,9 +48,10 @@ class HFMask:
     q_len: int
     kv_len: int
     dense_reason: str | None = None
-    #: the mask is ``causal()`` (& padding) on cache indices from 0 (``q_positions`` ``(1, Lq)``), with ``key_is_real``
-    #: ``(B, Lk)`` its padding (None: all real): :meth:`narrowed` may drop the keys no query can reach
-    narrowable: bool = field(default=False, compare=False)
+    #: set when the mask is ``causal()`` or ``sliding_window(W)`` (this positional part) & padding ``key_is_real``
+    #: ``(B, Lk)`` (None: all real) on cache indices from 0 (``q_positions`` ``(1, Lq)``): :meth:`narrowed` may then
+    #: drop the keys no query can reach
+    positional: masks.MaskSpec | None = field(default=None, compare=False)
     key_is_real: torch.Tensor | None = field(default=None, compare=False, repr=False)
     _prepared: dict = field(default_factory=dict, compare=False, repr=False)  # batch -> PreparedMask
     _narrowed: list = field(default_factory=list, compare=False, repr=False)  # [the narrowed HFMask], once
@@ -73,24 +74,31 @@ class HFMask:
         """This mask over only the keys some query can reach, on attnkit's default positions: the first
         ``n`` keys, n - 1 the newest query's position (a causal query at p < n sees no key at j >= n), or ``self``.
 
-        A static cache hands every layer all of its ``max_cache_len`` slots with the unfilled ones masked; run
-        eagerly, the call then needs neither those keys nor explicit positions (a decode step: no mask at all; a
-        prefill: plain causal with Lq == Lk, SDPA's ``is_causal``). Found once per forward (one host read of the
-        positions; not of the cache's offset tensor, which the first layer's cache update advances in place); while
-        torch.compile (or torch.jit.trace) traces it is ``self``, so a traced graph keeps one structure at every step."""
-        if not self.narrowable or torch.compiler.is_compiling() or torch.jit.is_tracing():
+        A static cache hands every layer all of its ``max_cache_len`` slots (a sliding layer: its window's) with the
+        unfilled ones masked; run eagerly, the call then needs neither those keys nor explicit positions (a decode
+        step: no mask at all; a prefill: plain causal with Lq == Lk, SDPA's ``is_causal``; a window that cuts
+        stays). Found once per forward (one host read of the positions; not of the cache's offset tensor, which the
+        first layer's cache update advances in place); while torch.compile (or torch.jit.trace) traces it is
+        ``self``, so a traced graph keeps one structure at every step."""
+        if self.positional is None or torch.compiler.is_compiling() or torch.jit.is_tracing():
             return self
         if not self._narrowed:
             n = int(self.q_positions[0, -1]) + 1
             narrow = self
             if n < self.kv_len:
-                spec = masks.causal() if self.q_len > 1 else None  # one query at position n - 1 sees all n keys
+                # on default positions (the queries: the last Lq of n keys); none when every query sees every key
+                seen = _sees_every_key(self.positional, n - self.q_len, 0, self.q_len, n)
+                spec = None if seen else self.positional
                 real = None if self.key_is_real is None else self.key_is_real[:, :n]  # (B, n)
                 if real is not None and not bool(real.all()):
                     spec = masks.padding(real) if spec is None else masks.And(spec, masks.padding(real))
                 narrow = HFMask(spec, None, None, self.q_len, n, self.dense_reason)
             self._narrowed.append(narrow)
         return self._narrowed[0]
+
+    @property
+    def narrowable(self) -> bool:
+        return self.positional is not None
 
     # transformers' modeling code sometimes reads a mask's shape/device (e.g. to slice it); answer like a 4-D mask
     @property
@@ -138,8 +146,9 @@ def mask_interface(batch_size: int, q_length: int, kv_length: int, q_offset=0, k
     exact = reader.position_ids is None and reader.unknown is None  # spec is the whole mask, on cache indices
     if exact and _sees_every_key(spec, q_offset, kv_offset, q_length, kv_length):
         spec = q_pos = kv_pos = None  # (a decode step) no mask to build, bind or check per layer, no positions
-    # a plain causal mask on cache indices from 0 (a static cache): attention_forward may narrow it (HFMask.narrowed)
-    narrowable = exact and type(spec) is masks.Causal and q_pos is not None and kv_offset == 0
+    # causal or a causal window on cache indices from 0 (a static cache): attention_forward may narrow it
+    narrowable = exact and type(spec) in (masks.Causal, masks.SlidingWindow) and q_pos is not None and kv_offset == 0
+    positional = spec if narrowable else None
     why = None
     if reader.unknown:
         why = f"mask function {reader.unknown} has no attnkit form"
@@ -151,7 +160,7 @@ def mask_interface(batch_size: int, q_length: int, kv_length: int, q_offset=0, k
     if key_is_real is not None:
         pad = masks.padding(key_is_real)
         spec = pad if spec is None else masks.And(spec, pad)
-    return HFMask(spec, q_pos, kv_pos, q_length, kv_length, why, narrowable=narrowable,
+    return HFMask(spec, q_pos, kv_pos, q_length, kv_length, why, positional=positional,
                   key_is_real=key_is_real if narrowable else None)
 
 
