@@ -161,12 +161,9 @@ def _generate(model, ids, am, **kw):
                               output_logits=True, **kw)
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2", "gemma2"])
-def test_static_cache_generate_is_narrowed_and_equals_transformers(family):
-    torch.manual_seed(0)
-    ids = torch.randint(3, VOCAB, (2, 6))
-    am = torch.ones_like(ids)
-    am[1, :2] = 0  # left padding in the prompt: kept as a padding mask on the narrowed keys
+def _static_generate_equals_transformers(family: str, ids, am) -> list[int]:
+    """Static-cache generate through attnkit against transformers' baseline: logits within TOL, same tokens.
+    Returns the key count of every attnkit call, in order."""
     ref, model = build(family, baseline(family)), build(family, "attnkit")
     model.load_state_dict(ref.state_dict())
     key_lengths = []
@@ -183,10 +180,21 @@ def test_static_cache_generate_is_narrowed_and_equals_transformers(family):
     err = max((g - w).abs().max().item() for g, w in zip(got.logits, want.logits))
     assert err <= TOL, f"{family}: static-cache logits differ from {baseline(family)} by {err:.3g}"
     assert torch.equal(got.sequences, want.sequences)
+    return key_lengths
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2", "gemma2"])
+def test_static_cache_generate_is_narrowed_and_equals_transformers(family):
+    torch.manual_seed(0)
+    ids = torch.randint(3, VOCAB, (2, 6))
+    am = torch.ones_like(ids)
+    am[1, :2] = 0  # left padding in the prompt: kept as a padding mask on the narrowed keys
+    key_lengths = _static_generate_equals_transformers(family, ids, am)
     # a full-attention layer's call sees only the keys up to its newest query (6 + f at forward f), not the
     # cache's 15 slots; sliding-window layers keep transformers' own sliding cache
-    layers = model.config.get_text_config().num_hidden_layers
-    types = getattr(model.config, "layer_types", None) or ["full_attention"] * layers
+    config = build(family).config
+    layers = config.get_text_config().num_hidden_layers
+    types = getattr(config, "layer_types", None) or ["full_attention"] * layers
     full = [i for i, kind in enumerate(types) if kind == "full_attention"]
     seen = [key_lengths[f * layers + i] for f in range(10) for i in full]
     assert seen == [6 + f for f in range(10) for _ in full], f"{family}: full layers' key lengths {seen}"
@@ -197,22 +205,7 @@ def test_static_sliding_layers_are_narrowed_until_their_window_fills():
     they fill, its calls run on the keys reached so far (then transformers' offsets make every key visible)."""
     torch.manual_seed(0)
     ids = torch.randint(3, VOCAB, (2, 3))
-    am = torch.ones_like(ids)
-    ref, model = build("mistral", "sdpa"), build("mistral", "attnkit")
-    model.load_state_dict(ref.state_dict())
-    key_lengths = []
-
-    def observe(call, result):
-        key_lengths.append(call.k.shape[2])
-
-    want = _generate(ref, ids, am)
-    add_observer(observe)
-    try:
-        got = _generate(model, ids, am)
-    finally:
-        remove_observer(observe)
-    err = max((g - w).abs().max().item() for g, w in zip(got.logits, want.logits))
-    assert err <= TOL and torch.equal(got.sequences, want.sequences), f"logits differ by {err:.3g}"
+    key_lengths = _static_generate_equals_transformers("mistral", ids, torch.ones_like(ids))
     assert key_lengths[::2][:3] == [3, 4, 5], key_lengths  # the first layer's calls: prefill, then two steps
 
 
