@@ -52,6 +52,26 @@ def test_static_cache_has_fixed_shapes_and_hides_empty_slots():
     assert not M.causal().to_dense(torch.tensor([[2]]), kv_pos[:1])[..., 3:].any()
 
 
+def test_static_cache_decode_view_is_the_filled_slots_without_a_mask_in_eager(monkeypatch):
+    """Eager one-token steps attend to the filled slots only, causal mask dropped (old: every slot under a mask
+    built per layer per step); index-defined masks (sized to max_length) and compiled steps keep every slot."""
+    cache = StaticCache(2, 2, 4, max_length=6)
+    ks = [kv(n=2), kv(n=1)]
+    cache.update(*ks[0], pos(0, 2))
+    k_all, v_all, kv_pos = cache.update(*ks[1], pos(2, 1))
+    k, v, p, mask = cache.decode_view(k_all, v_all, kv_pos, M.causal())
+    assert mask is None and k.shape == (2, 2, 3, 4) and torch.equal(k, torch.cat([ks[0][0], ks[1][0]], dim=2))
+    assert torch.equal(v, torch.cat([ks[0][1], ks[1][1]], dim=2)) and p.tolist() == [[0, 1, 2]] * 2
+    window = M.sliding_window(2)
+    assert cache.decode_view(k_all, v_all, kv_pos, window)[3] is window  # still needed: it hides slot 0
+    padded = M.causal() & M.padding(torch.ones(2, 6, dtype=torch.bool))
+    k, _, _, mask = cache.decode_view(k_all, v_all, kv_pos, padded)
+    assert k.shape[2] == 6 and mask is padded
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    k, _, _, mask = cache.decode_view(k_all, v_all, kv_pos, M.causal())
+    assert k.shape[2] == 6 and mask is not None
+
+
 def test_sliding_cache_is_a_ring_of_w_slots():
     W = 3
     cache = SlidingWindowCache(1, 1, 2, window=W)
@@ -149,18 +169,54 @@ def test_make_cache_errors(kwargs, error, match):
 # ----------------------------------------------------------------------------------- with the attention module
 
 
+class _UpdateOnly:
+    """A cache with nothing but the protocol's update: it cannot say where its sequence continues."""
+
+    def __init__(self):
+        self.inner = DynamicCache(1, 2, 4)
+
+    def update(self, k, v, positions):
+        return self.inner.update(k, v, positions)
+
+
 def test_module_with_cache_needs_positions_a_causal_mask_and_a_cache():
     mha = ak.nn.MultiHeadAttention(16, 4, num_kv_heads=2)
     x = torch.randn(1, 3, 16)
     cache = DynamicCache(1, 2, 4)
-    with pytest.raises(AttnkitValueError, match="positions must be given with cache="):
-        mha(x, M.causal(), cache=cache)
+    with pytest.raises(AttnkitValueError, match=r"positions must be given with cache= when the cache cannot say where "
+                                                r"its sequence continues \(no next_positions\(n\): _UpdateOnly\)"):
+        mha(x, M.causal(), cache=_UpdateOnly())
     with pytest.raises(AttnkitValueError, match="with a KV cache the mask must be causal, got mask=None"):
         mha(x, None, positions=pos(0, 3), cache=cache)
     with pytest.raises(AttnkitValueError, match="with a KV cache the mask must be causal"):
         mha(x, M.padding(torch.tensor([3])), positions=pos(0, 3), cache=cache)
     with pytest.raises(AttnkitTypeError, match="cache must be a KV cache with update"):
         mha(x, M.causal(), positions=pos(0, 3), cache=[cache])
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "static", "sliding"])
+def test_module_without_positions_continues_its_cache_with_no_position_checks(kind, monkeypatch):
+    """positions=None with an attnkit cache: the cache's own next positions (after an offset prefill too), equal to
+    passing them, and the update trusts what the cache issued (no torch.equal: a host sync per layer on CUDA)."""
+    torch.manual_seed(0)
+    mha = ak.nn.MultiHeadAttention(16, 4, num_kv_heads=2, positions="rope").eval()
+    x = torch.randn(2, 6, 16)
+    mask = M.sliding_window(4) if kind == "sliding" else M.causal()
+    given, free = (make_cache(kind, 2, 2, 4, max_length=8, window=4) for _ in range(2))
+    start = torch.tensor([[5], [9]])  # rows at different absolute offsets
+    for cache in (given, free):
+        mha(x[:, :3], mask, positions=start + torch.arange(3), cache=cache)
+    equal_calls = []
+    real_equal = torch.equal
+    monkeypatch.setattr(torch, "equal", lambda *a: equal_calls.append(1) or real_equal(*a))
+    for t in range(3, 6):
+        want = mha(x[:, t:t + 1], mask, positions=start + t, cache=given)
+        calls = len(equal_calls)
+        got = mha(x[:, t:t + 1], mask, cache=free)
+        assert len(equal_calls) == calls  # nothing compared for the cache's own positions
+        assert torch.equal(got, want)
+    assert equal_calls  # the given positions were checked
+    assert torch.equal(free.next_positions(1), start + 6)
 
 
 @pytest.mark.parametrize("mask", [M.causal(), M.sliding_window(5), M.sliding_window(2) | M.global_tokens([0])])

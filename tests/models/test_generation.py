@@ -152,6 +152,88 @@ def test_transformer_lm_left_padded_batch_generates_each_row_alone(kind, window,
     assert generate(lm, prompts, max_new_tokens=5, cache=kind) == wants
 
 
+class _GivenPositions:
+    """A TransformerLM seen through the bare protocol (no ``positions_from_cache``): generate gives every step's
+    positions, as it did for every model before."""
+
+    def __init__(self, lm):
+        self.lm = lm
+
+    def __call__(self, tokens, **kwargs):
+        return self.lm(tokens, **kwargs)
+
+    def new_cache(self, *args, **kwargs):
+        return self.lm.new_cache(*args, **kwargs)
+
+    def parameters(self):
+        return self.lm.parameters()
+
+
+@pytest.mark.parametrize(("kind", "window", "positions"), [("dynamic", None, "rope"), ("static", None, "learned"),
+                                                            ("sliding", 3, "alibi")])
+def test_transformer_lm_decode_steps_continue_the_caches_with_the_same_tokens(kind, window, positions, monkeypatch):
+    """generate passes positions=None after the prefill to a model whose caches continue themselves (no position
+    tensor per step, nothing to check or read back); left-padded rows included, the tokens are those of every
+    step's positions given."""
+    from attnkit.models.lm import LMConfig, TransformerLM
+
+    torch.manual_seed(0)
+    lm = TransformerLM(LMConfig(vocab_size=41, embed_dim=32, num_layers=2, num_heads=4, positions=positions,
+                                window=window)).eval()
+    prompts = [[3, 4, 5, 6, 7, 8], [9, 10]]
+    want = generate(_GivenPositions(lm), prompts, max_new_tokens=6, cache=kind)
+    given = []
+    forward = TransformerLM.forward
+    monkeypatch.setattr(TransformerLM, "forward", lambda self, tokens, **kw: given.append(kw["positions"]) or
+                        forward(self, tokens, **kw))
+    assert generate(lm, prompts, max_new_tokens=6, cache=kind) == want
+    assert given[0] is not None and given[1:] == [None] * 5
+
+
+def test_generate_asks_a_model_that_takes_it_for_the_last_positions_logits_only(monkeypatch):
+    """The prefill's head runs on the last prompt token only (logits_to_keep=1) when the model's forward takes it
+    (a P x V matmul saved per call); a model without it is called as before; the tokens are the same."""
+    from attnkit.models.lm import LMConfig, TransformerLM
+
+    torch.manual_seed(0)
+    lm = TransformerLM(LMConfig(vocab_size=41, embed_dim=32, num_layers=2, num_heads=4)).eval()
+    prompts = [[3, 4, 5, 6, 7, 8], [9, 10]]
+    want = generate(_GivenPositions(lm), prompts, max_new_tokens=4)  # its __call__ takes no logits_to_keep
+    widths = []
+    forward = TransformerLM.forward
+
+
+    def spy(self, tokens, *, logits_to_keep=0, **kw):  # the signature generate reads
+        widths.append((logits_to_keep, tokens.shape[1]))
+        return forward(self, tokens, logits_to_keep=logits_to_keep, **kw)
+
+    monkeypatch.setattr(TransformerLM, "forward", spy)
+    assert generate(lm, prompts, max_new_tokens=4) == want
+    assert widths == [(1, 6), (1, 1), (1, 1), (1, 1)]
+
+
+def test_a_model_whose_caches_cannot_continue_still_gets_every_steps_positions():
+    """A TransformerLM subclass whose caches only have update(): generate keeps giving positions (None would be
+    refused: nothing could say where the rows continue)."""
+    from attnkit.models.lm import LMConfig, TransformerLM
+
+    class UpdateOnly:
+        def __init__(self, inner):
+            self.update = inner.update
+
+    class OwnCaches(TransformerLM):
+        def new_cache(self, batch_size, **kwargs):
+            return [UpdateOnly(c) for c in super().new_cache(batch_size, **kwargs)]
+
+    torch.manual_seed(0)
+    config = LMConfig(vocab_size=41, embed_dim=32, num_layers=2, num_heads=4, positions="rope")
+    lm = TransformerLM(config).eval()
+    own = OwnCaches(config).eval()
+    own.load_state_dict(lm.state_dict())
+    prompts = [[3, 4, 5, 6], [9, 10]]
+    assert generate(own, prompts, max_new_tokens=5) == generate(lm, prompts, max_new_tokens=5)
+
+
 @pytest.mark.parametrize("positions", ["rope", "learned"])
 def test_transformer_lm_compiled_decoding_equals_eager_without_recompiles(positions):
     """generate(compile=True): the decode steps of a TransformerLM over a static cache run compiled, the graphs

@@ -3,6 +3,7 @@ full), init, tying, presets, per-layer attention kinds, gradient checkpointing a
 
 import copy
 import math
+import sys
 
 import pytest
 import torch
@@ -294,6 +295,74 @@ def test_config_round_trips_through_json_dict():
     assert LMConfig.from_dict(config.to_dict()) == config
 
 
+@pytest.mark.parametrize("kind", ["dynamic", "static"])
+def test_learned_positions_past_the_table_still_raise_when_the_caches_supply_them(kind):
+    """The learned table's range check, moved to the cache's host-side bound, still fires: offset prompts too."""
+    model = _model(positions="learned", max_seq_len=8)
+    cache = model.new_cache(1, kind=kind, max_length=12)
+    with torch.inference_mode():
+        model(torch.zeros(1, 3, dtype=torch.long), positions=torch.arange(4, 7)[None], cache=cache)
+        model(torch.zeros(1, 1, dtype=torch.long), cache=cache)  # position 7: the table's last
+        with pytest.raises(AttnkitValueError, match=r"positions must be < max_positions=8, got value 8"):
+            model(torch.zeros(1, 1, dtype=torch.long), cache=cache)
+
+
+def test_logits_to_keep_gives_the_last_positions_logits():
+    torch.manual_seed(0)
+    model = _model()
+    tokens = torch.randint(0, V, (2, 7))
+    with torch.no_grad():
+        full = model(tokens)
+        for n in (1, 3, 7):
+            assert (model(tokens, logits_to_keep=n) - full[:, -n:]).abs().max().item() <= 1e-6
+
+
+def _one_layer_ahead() -> list:
+    """A 2-layer model's caches where only the first layer saw a prompt (the user fed the layers separately)."""
+    caches = _model().new_cache(1)
+    c = caches[0]
+    c.update(*(torch.zeros(1, c.num_kv_heads, 3, c.head_dim) for _ in range(2)), torch.arange(3)[None])
+    return caches
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "static"])
+@pytest.mark.parametrize("positions", ["learned", "rope"])
+def test_cached_forward_without_positions_continues_the_caches(kind, positions, monkeypatch):
+    """model(tokens, cache=c) without positions: every layer continues its own cache (offset prompts too), logits
+    bitwise equal to passing the positions, and nothing read back from the device per step by the model, its
+    layers, caches or learned table after one read per sequence (the old code raised; given positions cost a
+    check per layer, and a learned table read its min and max; ak.attention's own checks are its business)."""
+    from attnkit.cache import base
+
+    torch.manual_seed(0)
+    model = _model(positions=positions)
+    tokens = torch.randint(0, V, (2, 9))
+    start = torch.tensor([[0], [4]])  # row 1 starts at position 4
+    given, free = (model.new_cache(2, kind=kind, max_length=12) for _ in range(2))
+    with torch.inference_mode():
+        for cache in (given, free):
+            model(tokens[:, :5], positions=start + torch.arange(5), cache=cache)
+        reads = []
+
+        def spy(name, real):
+            def read(*args):
+                caller = sys._getframe(1).f_code.co_filename  # the model, its layers, caches and learned table
+                if any(part in caller for part in ("attnkit/models/", "attnkit/nn/", "attnkit/cache/", "learned.py")):
+                    reads.append(f"{name} in {caller}")
+                return real(*args)
+            return read
+
+        for owner, name in ((torch, "equal"), (torch.Tensor, "__int__"), (torch.Tensor, "item"),
+                            (torch.Tensor, "tolist")):
+            monkeypatch.setattr(owner, name, spy(name, getattr(owner, name)))
+        for t in range(5, 9):
+            reads.clear()
+            got = model(tokens[:, t:t + 1], cache=free)
+            # once per sequence, the first cache's largest position comes back to the host (the learned table's bound)
+            assert reads == ([f"__int__ in {base.__file__}"] if t == 5 else []), reads
+            assert torch.equal(got, model(tokens[:, t:t + 1], positions=start + t, cache=given))
+
+
 @pytest.mark.parametrize(("make", "error", "match"), [
     (lambda: lm_config("huge"), AttnkitValueError, "unknown preset 'huge'"),
     (lambda: LMConfig(positions="xpos"), AttnkitValueError, "positions must be one of"),
@@ -306,11 +375,17 @@ def test_config_round_trips_through_json_dict():
     (lambda: LMConfig.from_dict({"dims": 3}), AttnkitValueError, r"unknown LMConfig fields \['dims'\]"),
     (lambda: TransformerLM({"dim": 8}), AttnkitTypeError, "config must be an LMConfig"),
     (lambda: _model()(torch.rand(1, 4)), AttnkitTypeError, "tokens must be an int64 tensor"),
-    (lambda: _model()(torch.zeros(1, 4, dtype=torch.long), cache=_model().new_cache(1)), AttnkitValueError,
-     "positions must be given with cache="),
+    (lambda: _model(attention="linear")(torch.zeros(1, 4, dtype=torch.long), cache=_model(attention="linear").new_cache(1)),
+     AttnkitValueError, r"positions must be given with cache= when no layer's cache keeps positions"),
+    (lambda: _model()(torch.zeros(1, 1, dtype=torch.long), cache=_one_layer_ahead()), AttnkitValueError,
+     r"positions=None continues the caches, but their layers hold different numbers of tokens \[3, 0\]"),
     (lambda: _model()(torch.zeros(1, 4, dtype=torch.long), positions=torch.arange(4)[None], cache=[]),
      AttnkitValueError, "cache has 0 entries but the model has 2 layers"),
     (lambda: build_encoder("nano").new_cache(1), AttnkitValueError, "new_cache needs a causal decoder"),
+    (lambda: _model()(torch.zeros(1, 4, dtype=torch.long), logits_to_keep=-1), AttnkitValueError,
+     r"logits_to_keep must be >= 0, got -1; pass 0 \(every position\) or n > 0 \(the last n\)"),
+    (lambda: _model()(torch.zeros(1, 4, dtype=torch.long), logits_to_keep=True), AttnkitTypeError,
+     "logits_to_keep must be an int, got True"),
 ])
 def test_errors(make, error, match):
     with pytest.raises(error, match=match):

@@ -15,6 +15,7 @@ Shape legend: B batch, P prompt length, N new tokens, E width, V vocab.
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from pathlib import Path
 
@@ -254,15 +255,18 @@ def run(args) -> int:
 
 def _run_lm_vs_bare(args) -> None:
     """The ``lm_vs_bare`` part: TransformerLM against the bare torch loop, printed and written."""
+    load = os.getloadavg()[0] if hasattr(os, "getloadavg") else None  # the machine is shared: say how busy
     record = lm_vs_bare(batch=1, prompt_len=32, new_tokens=64, repeats=args.repeats, vocab=args.vocab,
                         dim=args.dim, layers=args.layers, heads=args.heads, compiled=not args.no_compile)
     for name, r in record["contenders"].items():
         print(f"  {name:26s} {r['ms_per_token']:6.2f} ms/token  same tokens: {r['same_tokens_as_bare_loop']}")
     for name, ratio in record["speed_ratios"].items():
         print(f"  {name}: x{ratio:.2f}")
+    record["load_1min_at_start"] = load
     record["notes"] = ("Medians of round-robin runs in random order, one process; speed_ratios = bare-loop time / "
                        "attnkit time (>= 1.0: attnkit at least as fast). Greedy, B=1, prompt 32, 64 new tokens; "
-                       "compile time excluded (one warm-up call).")
+                       "compile time excluded (one warm-up call). attnkit's decode steps pass no positions (the "
+                       "caches continue their own); every prefill computes the last prompt token's logits only.")
     print(f"wrote {write_results('decode_lm_vs_bare', record, args.out)}")
 
 

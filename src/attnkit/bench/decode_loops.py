@@ -49,22 +49,23 @@ def bare_torch_greedy(model: TransformerLM, prompt: torch.Tensor, new_tokens: in
 
 class CompiledGreedy:
     """Greedy decoding with a static cache whose decode step is ``torch.compile``d (one graph for every step;
-    the prefill runs eager). The caches are reused (``reset``) across calls so the graph is reused too."""
+    the prefill runs eager). The caches are reused (``reset``) across calls so the graph is reused too. The
+    steps pass no positions, as ``generate(compile=True)`` does: the caches continue their own."""
 
     def __init__(self, model: TransformerLM, batch: int, max_length: int):
         self.model, self.caches = model, model.new_cache(batch, kind="static", max_length=max_length)
-        self.step = torch.compile(lambda t, p: model(t, positions=p, cache=self.caches), dynamic=False)
+        self.step = torch.compile(lambda t: model(t, cache=self.caches), dynamic=False)
 
     def __call__(self, prompt: torch.Tensor, new_tokens: int) -> torch.Tensor:
         B, P = prompt.shape
         for cache in self.caches:
             cache.reset()
         with torch.inference_mode():
-            logits = self.model(prompt, positions=torch.arange(P)[None], cache=self.caches)  # (B, P, V)
+            logits = self.model(prompt, positions=torch.arange(P)[None], cache=self.caches, logits_to_keep=1)  # (B, 1, V)
             tok = logits[:, -1].argmax(-1, keepdim=True)  # (B, 1)
             out = [tok]
-            for i in range(new_tokens - 1):
-                tok = self.step(tok, torch.tensor([[P + i]]))[:, -1].argmax(-1, keepdim=True)  # (B, 1)
+            for _ in range(new_tokens - 1):
+                tok = self.step(tok)[:, -1].argmax(-1, keepdim=True)  # (B, 1)
                 out.append(tok)
         return torch.cat(out, dim=1)  # (B, N)
 

@@ -33,6 +33,8 @@ from attnkit.masks import MaskSpec
 #: position of an empty slot in a fixed-shape cache: later than any query, so every causal mask hides it
 EMPTY_POSITION = 2**62
 
+_UNREAD = -1  # CacheBase._host_next: known on the device, read back when first asked for
+
 
 class CacheFullError(AttnkitValueError):
     """A cache with a fixed capacity was asked to store more tokens than it holds."""
@@ -97,6 +99,8 @@ class CacheBase:
         self.dtype, self.device = dtype, torch.device(device if device is not None else "cpu")
         self._length = 0
         self._next: torch.Tensor | None = None  # (B, 1) next expected position per row
+        self._issued: torch.Tensor | None = None  # what next_positions returned for the coming update
+        self._host_next: int | None = None  # one past the largest stored position, on the host (None: unknown)
 
     def _allocate(self, slots: int, empty_position: int) -> None:
         """Preallocate ``slots`` key/value slots per row, ``(B, Hkv, slots, D)``, positions ``(B, slots)``."""
@@ -110,12 +114,40 @@ class CacheBase:
     def update(self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor):
         positions = self._check(k, v, positions)  # (B|1, Lnew) int64
         out = self._store(k, v, positions)
-        self._advance(k.shape[2])
+        n = k.shape[2]
+        self._advance(n)
         if self._next is None:
             self._next = positions[:, -1:].expand(self.batch_size, 1) + 1  # (B, 1)
+            self._host_next = None if torch.compiler.is_compiling() else _UNREAD  # read once, when first asked
         else:
-            self._next = self._next + k.shape[2]  # the positions were checked to continue from it
+            self._next = self._next + n  # the positions were checked to continue from it
+            if torch.compiler.is_compiling():  # written, not read: reading it would guard the graph on its value
+                self._host_next = None
+            elif self._host_next is not None and self._host_next != _UNREAD:
+                self._host_next += n
+        self._issued = None
         return out
+
+    def next_positions(self, n: int) -> torch.Tensor:
+        """The absolute positions ``(B|1, n)`` int64 of the next ``n`` tokens of every row: one after the last
+        cached position (``arange(n)`` on an empty cache), from the cache's own device-side bookkeeping (no host
+        read). An update given this very tensor skips its position checks: there is nothing a user could have
+        got wrong."""
+        if self._next is None:
+            positions = torch.arange(n, device=self.device)[None]  # (1, n)
+        else:
+            positions = self._next if n == 1 else self._next + torch.arange(n, device=self.device)  # (B, n)
+        self._issued = positions
+        return positions
+
+    @property
+    def position_bound(self) -> int | None:
+        """One past the largest position stored so far, as a Python int (None: empty, or only known on the device
+        after compiled steps): the next ``n`` tokens sit below ``position_bound + n``. Read from the device once
+        per sequence, the first time it is asked for; kept on the host after that."""
+        if self._host_next == _UNREAD:
+            self._host_next = int(self._next.max())
+        return self._host_next
 
     @property
     def length(self) -> int:
@@ -140,15 +172,36 @@ class CacheBase:
                 f"with a KV cache the mask must be causal, got mask={mask!r}; pass ak.masks.causal() (or "
                 "sliding_window(W)), combined with & for padding, e.g. causal() & padding(key_is_real).")
 
-    def decode_mask(self, mask: MaskSpec | None) -> MaskSpec | None:
+    def decode_mask(self, mask: MaskSpec | None, returned: tuple[int | None, int | None] | None = None
+                    ) -> MaskSpec | None:
         """The mask a single newest query still needs after the last update: ``None`` when the mask allows
-        exactly an offset interval (:meth:`~attnkit.masks.MaskSpec.offsets`) that contains every offset the
-        cache returns (:attr:`returned_offsets`), so every returned key is visible."""
+        exactly an offset interval (:meth:`~attnkit.masks.MaskSpec.offsets`) that contains every offset of the
+        returned keys (``returned``, default :attr:`returned_offsets`), so every returned key is visible."""
         exact = getattr(mask, "spec", mask).offsets() if mask is not None else None
-        return None if exact is not None and _covers(exact, self.returned_offsets) else mask
+        returned = self.returned_offsets if returned is None else returned
+        return None if exact is not None and _covers(exact, returned) else mask
+
+    def decode_view(self, k: torch.Tensor, v: torch.Tensor, kv_positions: torch.Tensor, mask):
+        """What a single newest query needs from the keys, values and positions the last update returned, and the
+        mask it still needs (:meth:`decode_mask`); a cache may narrow them to the keys it can see."""
+        return k, v, kv_positions, self.decode_mask(mask)
 
     # ------------------------------------------------------------------ checks
     def _check(self, k: object, v: object, positions: object) -> torch.Tensor:
+        # the usual call passes in one test; anything else gets the detailed checks and their messages
+        if not (type(k) is torch.Tensor and type(v) is torch.Tensor and k.dim() == 4 and k.shape == v.shape
+                and k.shape[0] == self.batch_size and k.shape[1] == self.num_kv_heads and k.shape[3] == self.head_dim
+                and k.dtype == self.dtype == v.dtype and k.device == self.device == v.device):
+            self._check_kv(k, v)
+        n = k.shape[2]
+        if n == 0:
+            raise AttnkitValueError("update got Lnew=0 new tokens; call the cache with at least one token.")
+        if positions is self._issued and positions is not None and positions.shape[-1] == n:
+            return positions  # the cache's own next_positions(n): continuing by construction
+        return self._check_positions(positions, n, tuple(k.shape))
+
+    def _check_kv(self, k: object, v: object) -> None:
+        """Raise the typed error for keys/values that do not fit the cache."""
         for name, t in (("k", k), ("v", v)):
             if not isinstance(t, torch.Tensor):
                 raise AttnkitTypeError(f"{name} must be a torch.Tensor (B, Hkv, Lnew, D), got {describe(t)}.")
@@ -167,12 +220,12 @@ class CacheBase:
                                         f"with device={t.device}.")
         if k.shape != v.shape:
             raise AttnkitValueError(f"k {tuple(k.shape)} and v {tuple(v.shape)} must have the same shape.")
-        n = k.shape[2]
-        if n == 0:
-            raise AttnkitValueError("update got Lnew=0 new tokens; call the cache with at least one token.")
+
+    def _check_positions(self, positions: object, n: int, k_shape: tuple) -> torch.Tensor:
+        """``positions`` given for an update of ``n`` tokens, as int64 ``(B|1, n)``, checked to continue the cache."""
         if not _ready(positions, n, self.batch_size, self.device):  # the one check, when not already in its form
             positions = position_ids(positions, length=n, batch=self.batch_size, device=self.device, owner="cache",
-                                     two_dims=True, note=f" for k {tuple(k.shape)}")  # (B|1, Lnew) int64
+                                     two_dims=True, note=f" for k {k_shape}")  # (B|1, Lnew) int64
         if torch.compiler.is_compiling():
             return positions  # value checks need a host sync; eager calls check them
         if self._next is None:
@@ -191,7 +244,7 @@ class CacheBase:
 
     def reset(self) -> None:
         """Forget every stored token (buffers are kept and overwritten)."""
-        self._length, self._next = 0, None
+        self._length, self._next, self._issued, self._host_next = 0, None, None, None
         self._reset()
 
     def _reset(self) -> None:

@@ -4,13 +4,14 @@
 ``(B, Hkv, max_length, D)`` and positions ``(B, max_length)``, where empty slots sit at
 :data:`~attnkit.cache.base.EMPTY_POSITION` (later than any query), so the causal mask hides them. Fixed
 shapes are what ``torch.compile`` (and CUDA graphs) want: one compiled graph serves every decode step (the write
-cursor is a tensor, so no Python int changes between steps); eager updates also keep its value on the host,
-so an eager step does not read the cursor back (the positions check still compares on the device). Writing
-more than ``max_length`` tokens raises :class:`~attnkit.cache.base.CacheFullError` in eager mode; inside
+cursor is a tensor, so no Python int changes between steps). Eager updates also keep its value on the host and
+write there, so an eager step does not read the cursor back, and an eager one-token step attends to the filled
+slots only (:meth:`StaticCache.decode_view`: views, no mask) instead of masking the empty ones. Writing more
+than ``max_length`` tokens raises :class:`~attnkit.cache.base.CacheFullError` in eager mode; inside
 ``torch.compile`` the value checks (full, positions continuing) are skipped, as they need a host sync, and an
 overflowing write fails in ``index_copy_``.
 
-Shape legend: B batch, Hkv key/value heads, Lnew new tokens, M max_length, D head dim.
+Shape legend: B batch, Hkv key/value heads, Lnew new tokens, Lk filled slots, M max_length, D head dim.
 """
 
 from __future__ import annotations
@@ -60,16 +61,32 @@ class StaticCache(CacheBase):
 
     def _store(self, k, v, positions):
         n = k.shape[2]
-        if not torch.compiler.is_compiling() and self.length + n > self.max_length:
+        if torch.compiler.is_compiling():  # the cursor is a tensor: one graph for every step, fixed shapes
+            slots = self._cursor + torch.arange(n, device=self.device)  # (Lnew,)
+            self.k.index_copy_(2, slots, k)
+            self.v.index_copy_(2, slots, v)
+            self.positions.index_copy_(1, slots, positions.expand(self.batch_size, n))
+            return self.k, self.v, self.positions  # (B, Hkv, M, D) x2, (B, M)
+        start = self.length
+        if start + n > self.max_length:
             raise CacheFullError(
-                f"static cache is full: it holds max_length={self.max_length} tokens, has {self.length} and got "
-                f"{n} more; build it with max_length >= prompt length + max_new_tokens (here >= {self.length + n}), "
+                f"static cache is full: it holds max_length={self.max_length} tokens, has {start} and got "
+                f"{n} more; build it with max_length >= prompt length + max_new_tokens (here >= {start + n}), "
                 "or use kind='dynamic'.")
-        slots = self._cursor + torch.arange(n, device=self.device)  # (Lnew,)
-        self.k.index_copy_(2, slots, k)
-        self.v.index_copy_(2, slots, v)
-        self.positions.index_copy_(1, slots, positions.expand(self.batch_size, n))
+        self.k.narrow(2, start, n).copy_(k)  # at the host cursor: no slot tensor to build
+        self.v.narrow(2, start, n).copy_(v)
+        self.positions.narrow(1, start, n).copy_(positions)  # (B|1, Lnew) broadcast to (B, Lnew)
         return self.k, self.v, self.positions  # (B, Hkv, M, D) x2, (B, M)
+
+    def decode_view(self, k, v, kv_positions, mask):
+        """Eager, after a one-token update: the filled slots ``(B, Hkv, Lk, D)`` x2, ``(B, Lk)`` (all at positions
+        <= the new token's), so a causal mask is dropped as with the dynamic cache; a mask with parts on key
+        indices (sized to ``max_length``) and compiled steps (fixed shapes) keep every slot and the mask."""
+        if torch.compiler.is_compiling() or index_parts(mask):
+            return super().decode_view(k, v, kv_positions, mask)
+        Lk = self.length
+        k, v, kv_positions = k.narrow(2, 0, Lk), v.narrow(2, 0, Lk), kv_positions.narrow(1, 0, Lk)  # filled slots
+        return k, v, kv_positions, self.decode_mask(mask, (None, 0))
 
     def _reset(self) -> None:
         self.positions.fill_(EMPTY_POSITION)

@@ -6,6 +6,12 @@ The decoder-model protocol (``TransformerLM`` implements it; so can any model bu
     model(tokens (B, L) int64, *, positions: (B|1, L) | None = None, cache: list[KVCache] | None = None,
           key_is_real: (B, Lk_total) bool | None = None) -> logits (B, L, V)
     model.new_cache(batch_size, *, kind="dynamic"|"static"|"sliding", max_length=None) -> list[KVCache]
+    model.positions_from_cache: bool  # optional: True when positions=None with cache= continues the caches
+    model(..., logits_to_keep=1)  # optional keyword (in the forward's signature): the last position's logits only
+
+A model that says ``positions_from_cache`` gets ``positions=None`` at every decode step when its caches can say
+where each row continues (``next_positions``; left padding included), so no position tensor is built, checked or
+read back per step.
 
 Batches of prompts with different lengths are left-padded. Row b with ``n_b`` pads gives its tokens the
 positions ``column - n_b``: real tokens start at position 0 (so each row computes exactly what it would
@@ -25,6 +31,7 @@ Shape legend: B batch (prompts), P padded prompt length, L new tokens, V vocab s
 
 from __future__ import annotations
 
+import inspect
 import math
 import warnings
 from collections.abc import Callable, Iterator, Sequence
@@ -201,15 +208,19 @@ def _decode(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, sto
     stops = torch.tensor(stop_tokens, dtype=torch.long, device=tokens.device)  # (S,)
     caches = model.new_cache(B, kind=cache, max_length=P + max_new_tokens)
     finished = [False] * B
-    # every later step's positions and padding, built once: the loop slices views instead of allocating
-    later = positions[:, -1:] + torch.arange(1, max_new_tokens, device=tokens.device)  # (B, N - 1)
+    # every later step's positions and padding, built once: the loop slices views instead of allocating (a
+    # model whose caches continue their own positions gets None instead)
+    from_cache = getattr(model, "positions_from_cache", False) is True and isinstance(caches, (list, tuple)) and \
+        any(callable(getattr(c, "next_positions", None)) for c in caches)
+    later = None if from_cache else positions[:, -1:] + torch.arange(1, max_new_tokens, device=tokens.device)  # (B, N - 1)
     if key_is_real is not None:
         key_is_real = torch.cat([key_is_real, key_is_real.new_ones(B, max_new_tokens - 1)], dim=1)  # (B, P + N - 1)
+    last_only = _takes_logits_to_keep(model)  # the prefill's head on the last prompt token only
     for step in range(max_new_tokens):
         forward = _compiled_decode_step if compile and step > 0 else _decode_step  # the prefill runs eager
         with torch.inference_mode():
             seen = None if key_is_real is None else key_is_real[:, :P + step]  # (B, Lk_total): keys so far
-            logits = forward(model, tokens, positions, caches, seen)  # (B, L, V)
+            logits = forward(model, tokens, positions, caches, seen, last_only)  # (B, L|1, V)
             new = sample(logits[:, -1], temperature=temperature, top_k=top_k, top_p=top_p,
                          generator=generator)  # (B,)
             done_now = torch.isin(new, stops) if len(stop_tokens) else None  # (B,)
@@ -221,7 +232,7 @@ def _decode(model, prompts, max_new_tokens, temperature, top_k, top_p, seed, sto
                 finished[row] = done_rows[row]
         if all(finished) or step == max_new_tokens - 1:
             return
-        tokens, positions = new[:, None], later[:, step:step + 1]  # (B, 1) each
+        tokens, positions = new[:, None], None if later is None else later[:, step:step + 1]  # (B, 1) each
 
 
 def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int = 64, temperature: float = 0.0,
@@ -253,22 +264,34 @@ def generate(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int = 6
     return out
 
 
-def _decode_step(model, tokens: torch.Tensor, positions: torch.Tensor, caches: list, key_is_real) -> torch.Tensor:
-    """One forward of the decode loop: logits ``(B, L, V)`` for ``tokens (B, L)`` at ``positions (B, L)``."""
+def _decode_step(model, tokens: torch.Tensor, positions: torch.Tensor, caches: list, key_is_real,
+                 last_only: bool = False) -> torch.Tensor:
+    """One forward of the decode loop: logits ``(B, L, V)`` for ``tokens (B, L)`` at ``positions (B, L)``
+    (``(B, 1, V)``, the last position's, with ``last_only``)."""
+    if last_only:
+        return model(tokens, positions=positions, cache=caches, key_is_real=key_is_real, logits_to_keep=1)
     return model(tokens, positions=positions, cache=caches, key_is_real=key_is_real)
+
+
+def _takes_logits_to_keep(model) -> bool:
+    """Whether ``model``'s forward takes ``logits_to_keep`` (read from its signature)."""
+    try:
+        return "logits_to_keep" in inspect.signature(getattr(model, "forward", model)).parameters
+    except (TypeError, ValueError):  # no signature to read (a builtin): the plain call
+        return False
 
 
 _COMPILED: list = []  # [the compiled _decode_step], built on first use (nothing compiles at import)
 
 
-def _compiled_decode_step(model, tokens, positions, caches, key_is_real) -> torch.Tensor:
+def _compiled_decode_step(model, tokens, positions, caches, key_is_real, last_only: bool = False) -> torch.Tensor:
     """:func:`_decode_step` through one ``torch.compile`` (static shapes) shared by every call: dynamo guards on
     the model and the shapes, so a model's steps over a static cache reuse the same graphs. Not ``fullgraph``:
     a model may read a value on the host (learned positions check their range), which splits the step in two
     graphs rather than failing."""
     if not _COMPILED:
         _COMPILED.append(torch.compile(_decode_step, dynamic=False))
-    return _COMPILED[0](model, tokens, positions, caches, key_is_real)
+    return _COMPILED[0](model, tokens, positions, caches, key_is_real, last_only)
 
 
 def _check_compile(compile: object, cache: str, prompts) -> None:

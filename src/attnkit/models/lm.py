@@ -27,6 +27,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from attnkit import masks
+from attnkit._checks import integer
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
 from attnkit.models.blocks import (  # noqa: F401  (re-exported: the names used to live here)
     ATTENTION_LAYERS,
@@ -49,13 +50,18 @@ class TransformerLM(nn.Module):
 
     ``forward(tokens (B, L) int64, *, positions=None, cache=None, key_is_real=None, doc_ids=None,
     token_types=None) -> logits (B, L, V)``. ``positions`` ``(B|1, L)`` are absolute token positions (default
-    ``arange`` after the cached tokens); ``doc_ids`` ``(B, L)`` restricts attention to each packed document
-    (give positions that restart per document with it); ``key_is_real`` ``(B, Lk)`` marks real keys (cache
-    included) in padded batches; ``token_types`` ``(B, L)`` (BERT's segment ids; default 0 when the config has
-    token types). ``encode`` returns the final hidden states ``(B, L, E)`` instead of logits.
+    ``arange(L)``; with ``cache=``, the positions that continue the cached sequence, which each layer's cache
+    supplies itself: no position tensor to build, check or read back per step); ``doc_ids`` ``(B, L)``
+    restricts attention to each packed document (give positions that restart per document with it);
+    ``key_is_real`` ``(B, Lk)`` marks real keys (cache included) in padded batches; ``token_types`` ``(B, L)``
+    (BERT's segment ids; default 0 when the config has token types). ``encode`` returns the final hidden states
+    ``(B, L, E)`` instead of logits.
 
     ``gradient_checkpointing = True`` recomputes each block in the backward pass (less memory, more time).
     """
+
+    #: ``forward(..., cache=c)`` without positions continues the caches (the generation protocol's promise)
+    positions_from_cache = True
 
     def __init__(self, config: LMConfig):
         super().__init__()
@@ -101,7 +107,10 @@ class TransformerLM(nn.Module):
     def pattern(self, layer: int | None = None) -> masks.MaskSpec | None:
         """Layer ``layer``'s own attention pattern: its block's ``mask`` (a sliding window, say), else causal
         for a decoder and None for an encoder. ``layer=None``: the model's default."""
-        own = None if layer is None else getattr(self.blocks[layer], "mask", None)
+        return self._pattern_of(None if layer is None else self.blocks[layer])
+
+    def _pattern_of(self, block: nn.Module | None) -> masks.MaskSpec | None:
+        own = None if block is None else getattr(block, "mask", None)
         return self._default_pattern if own is None else own
 
     def mask(self, *, doc_ids=None, key_is_real=None, positions=None, cached: bool = False, layer: int | None = None):
@@ -111,6 +120,8 @@ class TransformerLM(nn.Module):
         With a cache, padding is evaluated on positions (:func:`~attnkit.models.generation.padding_by_position`,
         right for every cache kind, which may reorder its slots); without, on key indices."""
         pattern = self.pattern(0 if layer is None and len(self.blocks) else layer)
+        if doc_ids is None and key_is_real is None:
+            return pattern
         parts = [] if pattern is None else [pattern]
         if doc_ids is not None:
             parts.append(masks.document(doc_ids))
@@ -125,19 +136,24 @@ class TransformerLM(nn.Module):
             return None
         return parts[0] if len(parts) == 1 else masks.And(*parts)
 
-    def embed_tokens(self, tokens: torch.Tensor, positions=None, token_types=None) -> torch.Tensor:
-        """Token (+ position, + token type) embeddings, normalised when configured: ``(B, L) -> (B, L, E)``."""
+    def embed_tokens(self, tokens: torch.Tensor, positions=None, token_types=None, *,
+                     position_bound: int | None = None) -> torch.Tensor:
+        """Token (+ position, + token type) embeddings, normalised when configured: ``(B, L) -> (B, L, E)``.
+        ``position_bound``: every position is known (on the host) to be below it, so a learned table checks its
+        range without reading ``positions`` back."""
         L = tokens.shape[1]
         x = self.embed(tokens)  # (B, L, E)
         if self.pos_embed is not None:
             pos = torch.arange(L, device=tokens.device) if positions is None else positions.clamp(min=0)  # pads < 0
-            x = x + self.pos_embed(pos).to(x.dtype)  # (B|1, L, E) broadcast
-        if hasattr(self, "type_embed"):
+            table = self.pos_embed(pos) if position_bound is None or not isinstance(self.pos_embed, Learned) else \
+                self.pos_embed(pos, below=position_bound)  # (B|1, L, E)
+            x = x + table.to(x.dtype)  # (B|1, L, E) broadcast
+        if "type_embed" in self._modules:
             x = x + (self.type_embed.weight[0] if token_types is None else self.type_embed(token_types))
         elif token_types is not None:
             raise AttnkitValueError("token_types given but the model has no token-type embeddings "
                                     "(config.type_vocab_size=0); drop token_types or set type_vocab_size.")
-        if hasattr(self, "embed_norm"):
+        if "embed_norm" in self._modules:
             x = self.embed_norm(x)
         return active_dropout(self.dropout, x)
 
@@ -145,24 +161,24 @@ class TransformerLM(nn.Module):
                token_types=None):
         """Final hidden states ``(B, L, E)`` (after the last norm)."""
         self._check_tokens(tokens)
-        if cache is not None and positions is None:
-            raise AttnkitValueError("positions must be given with cache=: pass the absolute positions (B|1, L) of the "
-                                    "new tokens, e.g. torch.arange(n_cached, n_cached + L)[None].")
+        B, L = tokens.shape
         if cache is not None and len(cache) != len(self.blocks):
             raise AttnkitValueError(f"cache has {len(cache)} entries but the model has {len(self.blocks)} layers; "
                                     "build it with model.new_cache(batch_size).")
+        layer_positions, bound = positions, None
         if cache is None:
-            positions = _none_if_default(positions, tokens)
-        x = self.embed_tokens(tokens, positions, token_types)  # (B, L, E)
-        B, L = tokens.shape
+            positions = layer_positions = _none_if_default(positions, tokens)
+        elif positions is None:  # every layer's cache continues its own sequence: nothing given, nothing to check
+            positions, bound = _continued_positions(cache, L)
+        x = self.embed_tokens(tokens, positions, token_types, position_bound=bound)  # (B, L, E)
         shared: dict[tuple, object] = {}  # one mask per (pattern, layer kind) for the whole forward
 
         def layer_mask(i: int, block: nn.Module):
             # a layer kind that reads padding by key index (linear attention: its state has no slots to reorder)
             # says so with `mask_by_key_index`; it gets the mask as built, not position-bound
             by_index = getattr(block.attn, "mask_by_key_index", False)
-            key = (id(self.pattern(i)), by_index)
-            if key not in shared:
+            key = (id(self._pattern_of(block)), by_index)
+            if key not in shared:  # self.mask: the hook a subclass may override
                 mask = self.mask(doc_ids=doc_ids, key_is_real=key_is_real, positions=positions,
                                  cached=cache is not None and not by_index, layer=i)
                 if cache is None and not by_index:  # bound once to this forward's positions, shared by the layers
@@ -174,15 +190,22 @@ class TransformerLM(nn.Module):
             layer_cache = None if cache is None else cache[i]
             mask = layer_mask(i, block)
             if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
-                x = checkpoint(block, x, mask, positions, layer_cache, use_reentrant=False)
+                x = checkpoint(block, x, mask, layer_positions, layer_cache, use_reentrant=False)
             else:
-                x = block(x, mask, positions, layer_cache)
+                x = block(x, mask, layer_positions, layer_cache)
         return self.norm(x)
 
     def forward(self, tokens: torch.Tensor, *, positions=None, cache=None, key_is_real=None, doc_ids=None,
-                token_types=None):
-        return self.head(self.encode(tokens, positions=positions, cache=cache, key_is_real=key_is_real,
-                                     doc_ids=doc_ids, token_types=token_types))  # (B, L, V)
+                token_types=None, logits_to_keep: int = 0):
+        """Logits ``(B, L, V)``; ``logits_to_keep=n`` > 0: of the last ``n`` positions only, ``(B, n, V)`` (the
+        head's matmul on n rows: generation needs the last prompt token's, not every one's)."""
+        if type(logits_to_keep) is not int or logits_to_keep:
+            integer(logits_to_keep, "logits_to_keep", low=0, fix="pass 0 (every position) or n > 0 (the last n).")
+        hidden = self.encode(tokens, positions=positions, cache=cache, key_is_real=key_is_real, doc_ids=doc_ids,
+                             token_types=token_types)  # (B, L, E)
+        if logits_to_keep:
+            hidden = hidden[:, -logits_to_keep:]  # (B, n, E)
+        return self.head(hidden)  # (B, L|n, V)
 
     def new_cache(self, batch_size: int, *, kind: str = "dynamic", max_length: int | None = None) -> list:
         """One KV cache per layer (``attnkit.cache``): ``"dynamic"`` grows, ``"static"`` preallocates
@@ -218,6 +241,27 @@ class TransformerLM(nn.Module):
                 or tokens.dtype == torch.bool:
             raise AttnkitTypeError(f"tokens must be an int64 tensor (B, L), got {describe(tokens)}; pass token ids, "
                                    "e.g. torch.tensor([[1, 2, 3]]).")
+
+
+def _continued_positions(cache: list, L: int) -> tuple[torch.Tensor, int | None]:
+    """The positions ``(B|1, L)`` of ``L`` new tokens that continue the caches (read from the first cache that
+    keeps positions, without a host sync), and the host-side bound below which they all lie (None: unknown).
+    Every layer then continues its own cache: they must hold the same number of tokens."""
+    keeping = [c for c in cache if callable(getattr(c, "next_positions", None))]
+    if not keeping:
+        raise AttnkitValueError("positions must be given with cache= when no layer's cache keeps positions (no "
+                                "next_positions(n)): pass the absolute positions (B|1, L) of the new tokens, e.g. "
+                                "torch.arange(n_cached, n_cached + L)[None].")
+    if torch.compiler.is_compiling():  # host values would specialise the graph on each step
+        return keeping[0].next_positions(L), None
+    lengths = [getattr(c, "length", None) for c in cache]  # host ints
+    if len(set(lengths)) > 1:
+        raise AttnkitValueError(f"positions=None continues the caches, but their layers hold different numbers of "
+                                f"tokens {lengths}; pass positions= explicitly, or start from model.new_cache(batch_size) "
+                                "and feed every layer the same tokens.")
+    first = keeping[0]
+    bound = getattr(first, "position_bound", None)
+    return first.next_positions(L), None if bound is None else bound + L
 
 
 def _none_if_default(positions, tokens: torch.Tensor):

@@ -62,9 +62,13 @@ class MultiHeadAttention(nn.Module):
     With ``cache`` (an :mod:`attnkit.cache` cache, or any object with ``update(k, v, positions)``), the
     new tokens' k and v (after ``rotary``, Hkv heads) go through ``cache.update`` and attention runs over every
     key it returns, at the absolute positions it returns: one code path for prefill, chunked prefill and
-    decoding. ``positions`` (absolute, ``(B|1, L)``) is then required and the mask must be causal; it is
-    evaluated on absolute positions (bottom-right), never on "the last L columns".
+    decoding. ``positions`` (absolute, ``(B|1, L)``) default to the ones the cache continues with
+    (``cache.next_positions(L)``, read without a host sync; a cache without that method needs them given) and
+    the mask must be causal; it is evaluated on absolute positions (bottom-right), never on "the last L columns".
     """
+
+    #: padding masks are read on positions (a cache may reorder its slots), not on key indices
+    mask_by_key_index = False
 
     def __init__(self, embed_dim: int, num_heads: int, *, num_kv_heads: int | None = None,
                  head_dim: int | None = None, kdim: int | None = None, vdim: int | None = None,
@@ -131,14 +135,16 @@ class MultiHeadAttention(nn.Module):
         """q ``(B, H, L, D)``, k and v ``(B, Hkv, Lk, D)``, after QK-norm and ``rotary`` when configured."""
         B, L, _ = x.shape
         H, Hkv, D = self.num_heads, self.num_kv_heads, self.head_dim
-        if context is None and hasattr(self, "qkv_proj"):
+        fused = "qkv_proj" in self._modules
+        if context is None and fused:
             # one matmul; split token-major, then transpose: the backward's cat then writes the (B, L, H + 2Hkv, D)
             # gradient the matmul reads, with no copy back from a head-major (B, H + 2Hkv, L, D) one
             # (q and k are rotated apart: rotating the stacked (B, H + Hkv, L, D) heads costs one more cat backward)
             qkv = self.qkv_proj(x).view(B, L, H + 2 * Hkv, D)  # (B, L, H + 2Hkv, D)
-            q, k, v = (t.transpose(1, 2) for t in qkv.split([H, Hkv, Hkv], dim=2))  # (B, H|Hkv, L, D)
+            q, k, v = qkv.split_with_sizes([H, Hkv, Hkv], dim=2)  # (B, L, H|Hkv, D)
+            q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # (B, H|Hkv, L, D)
         else:
-            if hasattr(self, "qkv_proj"):  # cross-attention through the fused weight: q from x, k and v from context
+            if fused:  # cross-attention through the fused weight: q from x, k and v from context
                 wq, wk, wv = self.qkv_proj.weight.split([H * D, Hkv * D, Hkv * D])
                 b = self.qkv_proj.bias
                 bq, bk, bv = (None,) * 3 if b is None else b.split([H * D, Hkv * D, Hkv * D])
@@ -168,15 +174,16 @@ class MultiHeadAttention(nn.Module):
     def forward(self, x: torch.Tensor, mask=None, *, context: torch.Tensor | None = None,
                 value: torch.Tensor | None = None, positions: torch.Tensor | None = None,
                 context_positions: torch.Tensor | None = None, cache=None, return_weights: bool = False):
-        self._check_input(x, "x", f"embed_dim={self.embed_dim}", self.embed_dim, None)
+        self._check_input(x, "x", "embed_dim", self.embed_dim, None)
         B, L, _ = x.shape
-        positions = check_positions(positions, "positions", B, L, x.device)  # (B|1, L) or None
+        if positions is not None:
+            positions = check_positions(positions, "positions", B, L, x.device)  # (B|1, L)
         if value is not None and context is None:
             raise AttnkitValueError("value= needs context= (the keys' input); pass context=key, value=value.")
         if context is not None:
-            self._check_input(context, "context", f"kdim={self.kdim}", self.kdim, B)
+            self._check_input(context, "context", "kdim", self.kdim, B)
             if value is not None:
-                self._check_input(value, "value", f"vdim={self.vdim}", self.vdim, B)
+                self._check_input(value, "value", "vdim", self.vdim, B)
                 if value.shape[1] != context.shape[1]:
                     raise AttnkitValueError(f"value has {value.shape[1]} tokens but context has {context.shape[1]}; "
                                             "keys and values come in pairs.")
@@ -189,7 +196,7 @@ class MultiHeadAttention(nn.Module):
                 positions = torch.arange(L, device=x.device)[None] if positions is None else positions  # (B|1, L)
                 context_positions = torch.arange(context.shape[1], device=x.device)[None] \
                     if context_positions is None else context_positions  # (B|1, Lk)
-        elif not hasattr(self, "qkv_proj"):
+        elif "qkv_proj" not in self._modules:
             raise AttnkitValueError(f"this module has kdim={self.kdim}, vdim={self.vdim} != embed_dim="
                                     f"{self.embed_dim}: it is a cross-attention; pass context=(B, Lk, kdim).")
         if cache is not None:
@@ -197,12 +204,14 @@ class MultiHeadAttention(nn.Module):
                 raise AttnkitValueError("cache= is not supported with add_bias_kv/add_zero_attn (torch's extra "
                                         "keys); build the module without them to decode with a cache.")
             _check_cache_call(cache, mask, positions)
+            if positions is None:  # the cache continues its own sequence: nothing to read back or check
+                positions = cache.next_positions(L)  # (B|1, L)
         q, k, v = self.project(x, positions, context=context, value=value, context_positions=context_positions)
         q_positions, kv_positions = positions, positions if context is None else context_positions
         if cache is not None:
             k, v, kv_positions = cache.update(k, v, positions)  # (B, Hkv, Lk, D) x2, (B|1, Lk)
-            if L == 1 and hasattr(cache, "decode_mask"):
-                mask = cache.decode_mask(mask)  # None when the newest query sees every returned key
+            if L == 1 and hasattr(cache, "decode_view"):  # the keys the newest query sees; None mask: all of them
+                k, v, kv_positions, mask = cache.decode_view(k, v, kv_positions, mask)
                 if mask is None and self.score_bias is None:
                     q_positions = kv_positions = None  # no mask, no bias: positions are not needed any more
         if self.bias_k is not None or self.add_zero_attn:
@@ -238,11 +247,11 @@ class MultiHeadAttention(nn.Module):
         return k, v, mask
 
     @staticmethod
-    def _check_input(t, name: str, label: str, width: int, batch: int | None) -> None:
+    def _check_input(t, name: str, width_name: str, width: int, batch: int | None) -> None:
         if not isinstance(t, torch.Tensor) or t.dim() != 3 or t.shape[-1] != width or (
                 batch is not None and t.shape[0] != batch):
             b = "B" if batch is None else f"B={batch}"
-            raise AttnkitValueError(f"{name} must have shape ({b}, L, {label}), got {describe(t)}; attnkit modules "
+            raise AttnkitValueError(f"{name} must have shape ({b}, L, {width_name}={width}), got {describe(t)}; attnkit modules "
                                     "are batch-first (transpose (L, B, E) inputs with .transpose(0, 1)).")
 
     # -------------------------------------------------------------------------------------------- from torch
@@ -302,9 +311,10 @@ def _check_cache_call(cache, mask, positions) -> None:
     if not callable(getattr(cache, "update", None)):
         raise AttnkitTypeError(f"cache must be a KV cache with update(k, v, positions) (attnkit.cache.make_cache), "
                                f"got {describe(cache)}; build one per layer with model.new_cache(batch_size).")
-    if positions is None:
-        raise AttnkitValueError("positions must be given with cache=: pass the absolute positions (B|1, L) of the new "
-                                "tokens, e.g. torch.arange(n_cached, n_cached + L)[None].")
+    if positions is None and not callable(getattr(cache, "next_positions", None)):
+        raise AttnkitValueError("positions must be given with cache= when the cache cannot say where its sequence "
+                                f"continues (no next_positions(n): {type(cache).__name__}): pass the absolute positions "
+                                "(B|1, L) of the new tokens, e.g. torch.arange(n_cached, n_cached + L)[None].")
     if hasattr(cache, "check_mask"):
         cache.check_mask(mask)
 

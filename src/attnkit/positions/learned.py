@@ -40,12 +40,14 @@ class Learned(nn.Module):
     def extra_repr(self) -> str:
         return f"max_positions={self.max_positions}, embed_dim={self.embed_dim}, init_std={self.init_std}"
 
-    def forward(self, positions: torch.Tensor) -> torch.Tensor:
+    def forward(self, positions: torch.Tensor, *, below: int | None = None) -> torch.Tensor:
+        """``below``: the caller knows (on the host) that every position lies in ``[0, below)`` (a cache that
+        continues its sequence, pads clamped to 0): the range is checked on that bound, nothing read back."""
         position_ids(positions)
         if positions.numel():
             if torch.compiler.is_compiling():  # no host reads: a compiled decode step would specialise on each
                 return self.embedding(positions.long())  # step's values and compile again (lengths checked up front)
-            low, high = int(positions.min()), int(positions.max())
+            low, high = (0, below - 1) if below is not None else (int(positions.min()), int(positions.max()))
             if low < 0:
                 raise AttnkitValueError(f"positions must be >= 0, got value {low}; learned positions are absolute "
                                         "indices into the table, starting at 0.")
