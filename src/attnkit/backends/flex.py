@@ -66,9 +66,8 @@ class FlexBackend:
     ranks_by_signature = True  # supports/rank read the call's signature, prepared mask and state()
     traceable = True
 
-    def state(self) -> bool:
-        """What rank reads besides the call: whether compiling on CPU is allowed."""
-        return cpu_compile_allowed()
+    #: what rank reads besides the call: whether compiling on CPU is allowed (asked on every routed call)
+    state = staticmethod(cpu_compile_allowed)
 
     def available(self) -> list[str]:
         return [] if _flex_module() is not None else ["this torch has no torch.nn.attention.flex_attention"]

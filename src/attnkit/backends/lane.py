@@ -71,9 +71,11 @@ def plain_call(q, k, v, mask, scale) -> tuple[AttentionCall, Callable[[Attention
             if len(_LANES) >= _LANES_MAX:
                 _LANES.clear()
             lane = _LANES[key] = _lane(q, k, v, mask, tensors_key)
-    elif type(mask) is PreparedMask:  # its own memo (its data and positions are fixed)
-        key = ("lane", tensors_key, grad, state)
-        lane = mask.memo(key, lambda: _lane(q, k, v, mask, tensors_key))
+    elif type(mask) is PreparedMask:  # its own table (its data and positions are fixed)
+        key = (tensors_key, grad, state)
+        lane = mask.lanes.get(key)
+        if lane is None:
+            lane = mask.lanes[key] = _lane(q, k, v, mask, tensors_key)
     else:
         return None
     prepared = lane.prepared

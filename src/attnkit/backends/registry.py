@@ -159,7 +159,11 @@ def routing_state() -> Hashable | None:
         memoisable = all(getattr(b, "ranks_by_signature", False) for b in backends)
         states = _STATES[0] = (memoisable, tuple(b.state for b in backends if callable(getattr(b, "state", None))))
     memoisable, state_fns = states
-    return (_VERSION[0], tuple([state() for state in state_fns])) if memoisable else None
+    if not memoisable:
+        return None
+    if len(state_fns) == 1:  # (the built-in registry: flex's; no comprehension frame on every call)
+        return _VERSION[0], state_fns[0]()
+    return _VERSION[0], tuple([state() for state in state_fns])
 
 
 def _choice_key(call: AttentionCall) -> Hashable | None:

@@ -93,6 +93,7 @@ class SDPABackend:
         mode = self._mode(call)
         is_causal, dense, gqa = mode == "causal", mode == "dense", call.num_kv_heads != call.num_heads
         fold = gqa and _foldable(call, is_causal, _mask_heads(call))
+        eager_cpu = call.q.is_cpu and not torch.compiler.is_compiling()  # (device in the key; lanes never compile)
 
         def run(c: AttentionCall) -> torch.Tensor:
             attn_mask, empty_rows = c.prepared.dense_opened() if dense else (None, None)  # built once per mask
@@ -108,7 +109,7 @@ class SDPABackend:
                     enable_gqa=gqa)  # (B, H, Lq, Dv)
             if empty_rows is not None:
                 out = out.masked_fill(empty_rows, 0.0)
-            return propagate_nan_queries(out, c.q)  # without a mask tensor the CPU kernel gives 0 for a NaN query
+            return propagate_nan_queries(out, c.q, eager_cpu)  # without a mask tensor the CPU kernel gives 0 for a NaN query
 
         return run
 

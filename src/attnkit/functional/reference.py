@@ -96,13 +96,16 @@ def probs_times_values(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return (p.float() @ v.float()).to(v.dtype)  # (B, H, Lq, Dv)
 
 
-def propagate_nan_queries(out: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+def propagate_nan_queries(out: torch.Tensor, q: torch.Tensor, eager_cpu: bool | None = None) -> torch.Tensor:
     """``out (B, H, Lq, Dv)`` with NaN in the rows whose query ``q (B, H, Lq, D)`` holds a NaN or an inf.
 
     Every backend ends with it: fused kernels' online softmax turns such a row into zeros (SDPA's CPU kernel
     without a mask tensor, flex), and a zero row would hide the bad input. It applies to rows that see no key
-    too, so that the rule doesn't depend on which kernel knows where the empty rows are."""
-    if q.is_cpu and not torch.compiler.is_compiling() and \
+    too, so that the rule doesn't depend on which kernel knows where the empty rows are. ``eager_cpu``: whether q is
+    on the CPU and nothing compiles, when the caller knows it (a backend's runner, fixed per lane key)."""
+    if eager_cpu is None:
+        eager_cpu = q.is_cpu and not torch.compiler.is_compiling()
+    if eager_cpu and \
             math.isfinite((q.detach() if q.requires_grad else q).sum().item()):
         # eager CPU fast path: one reduction read back as a Python float, no copy (a sum is NaN/inf whenever an
         # entry is; a finite q whose sum overflows only takes the exact row check below; an empty q sums to 0):

@@ -93,6 +93,8 @@ class PreparedMask:
         self.batch, self.q_len, self.kv_len, self.heads, self.device = batch, q_len, kv_len, spec.heads, device
         self.default_positions = default
         self._memo: dict[Any, Any] = {}
+        #: the plain lanes of calls with this mask (``backends.lane``), read on every such call
+        self.lanes: dict[Any, Any] = {}
         self._ctx: MaskContext | None = None
         self._positions: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
 
