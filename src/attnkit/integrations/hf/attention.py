@@ -20,7 +20,7 @@ import torch
 
 from attnkit import masks
 from attnkit.backends import attention
-from attnkit.errors import AttnkitTypeError, BackendUnsupportedError, describe
+from attnkit.errors import AttnkitTypeError, AttnkitValueError, BackendUnsupportedError, describe
 from attnkit.integrations.hf.masks import HFMask
 
 #: keyword arguments that change what attention computes; attnkit refuses the ones it has no form for
@@ -42,6 +42,9 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
     """
     _refuse_unsupported(module, kwargs)
     sinks = s_aux if s_aux is not None else sinks  # gpt-oss: one learned sink logit per head
+    full_len = key.shape[2]
+    if isinstance(attention_mask, HFMask):  # eager static cache: only the keys a query can reach
+        attention_mask, key, value, position_bias = _narrowed(attention_mask, key, value, position_bias)
     mask, bias, q_pos, kv_pos = _mask_and_bias(module, query, key, attention_mask, is_causal)
     if position_bias is not None:
         bias = position_bias if bias is None else bias + position_bias
@@ -51,6 +54,8 @@ def attention_forward(module: torch.nn.Module, query: torch.Tensor, key: torch.T
                        backend=_backend_of(module), return_weights=want_weights,
                        sinks=None if sinks is None else sinks.to(query.device))
     out, weights = result if want_weights else (result, None)
+    if weights is not None and weights.shape[-1] < full_len:  # the dropped keys had probability 0
+        weights = torch.nn.functional.pad(weights, (0, full_len - weights.shape[-1]))  # (B, H, Lq, Lk)
     return out.transpose(1, 2).contiguous(), weights  # (B, Lq, H, D): transformers merges the heads itself
 
 
@@ -64,6 +69,22 @@ def set_backend(model: torch.nn.Module, backend: str = "auto") -> torch.nn.Modul
     for module in model.modules():
         module.attnkit_backend = backend
     return model
+
+
+def _narrowed(mask: HFMask, key, value, position_bias):
+    """``(mask, key, value, position_bias)`` over the first ``n`` keys when :meth:`HFMask.narrowed` finds the
+    others unreachable (``key``/``value`` ``(B, Hkv, Lk, D)`` -> ``(B, Hkv, n, D)``), else as given."""
+    narrow = mask.narrowed()
+    if narrow is mask:
+        return mask, key, value, position_bias
+    if key.shape[2] != mask.kv_len:
+        raise AttnkitValueError(
+            f"key has {key.shape[2]} positions but the attnkit mask was built for Lk={mask.kv_len}; pass the layer "
+            "the mask transformers built for its own cache layer (or the 2-D padding mask).")
+    n = narrow.kv_len
+    if position_bias is not None and position_bias.shape[-1] == mask.kv_len:
+        position_bias = position_bias[..., :n]  # (.., Lq, n)
+    return narrow, key[:, :, :n], value[:, :, :n], position_bias  # (B, Hkv, n, D)
 
 
 def _mask_and_bias(module, query, key, attention_mask, is_causal):
@@ -105,10 +126,22 @@ def _wants_weights(module, kwargs: dict) -> bool:
             config = getattr(module, "config", None)
         # transformers' config stores the flag as ``_output_attentions`` behind a property and two
         # ``__getattribute__`` overrides (~5 us per layer per step); read it from the instance dict when it is there
-        fields = getattr(config, "__dict__", {})
+        fields = _fields_of(module, config)
         flag = fields["_output_attentions"] if "_output_attentions" in fields else getattr(
             config, "output_attentions", False)
     return bool(flag)
+
+
+def _fields_of(module, config) -> dict:
+    """``config.__dict__`` (live: the same dict object for the config's life), kept on ``module`` per config object:
+    even ``__dict__`` goes through the config's ``__getattribute__`` overrides (~1 us per layer per step)."""
+    kept = module.__dict__.get("_attnkit_config_fields")
+    if kept is not None and kept[0] is config:
+        return kept[1]
+    fields = getattr(config, "__dict__", {})
+    if not torch.compiler.is_compiling():  # (nothing stored on a module while a graph is traced)
+        module.__dict__["_attnkit_config_fields"] = (config, fields)
+    return fields
 
 
 def _refuse_unsupported(module, kwargs: dict) -> None:

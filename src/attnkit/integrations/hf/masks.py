@@ -48,7 +48,13 @@ class HFMask:
     q_len: int
     kv_len: int
     dense_reason: str | None = None
+    #: set when the mask is ``causal()`` or ``sliding_window(W)`` (this positional part) & padding ``key_is_real``
+    #: ``(B, Lk)`` (None: all real) on cache indices from 0 (``q_positions`` ``(1, Lq)``): :meth:`narrowed` may then
+    #: drop the keys no query can reach
+    positional: masks.MaskSpec | None = field(default=None, compare=False)
+    key_is_real: torch.Tensor | None = field(default=None, compare=False, repr=False)
     _prepared: dict = field(default_factory=dict, compare=False, repr=False)  # batch -> PreparedMask
+    _narrowed: list = field(default_factory=list, compare=False, repr=False)  # [the narrowed HFMask], once
 
     def for_layers(self, batch: int) -> masks.PreparedMask | masks.MaskSpec | None:
         """The mask every layer of this forward passes to ``ak.attention``: prepared once, on the first layer's
@@ -63,6 +69,36 @@ class HFMask:
             kv_pos = self.kv_len if self.kv_positions is None else self.kv_positions  # (B|1, Lk) or the length
             self._prepared[batch] = masks.prepare(self.spec, q_pos, kv_pos, batch)
         return self._prepared[batch]
+
+    def narrowed(self) -> HFMask:
+        """This mask over only the keys some query can reach, on attnkit's default positions: the first
+        ``n`` keys, n - 1 the newest query's position (a causal query at p < n sees no key at j >= n), or ``self``.
+
+        A static cache hands every layer all of its ``max_cache_len`` slots (a sliding layer: its window's) with the
+        unfilled ones masked; run eagerly, the call then needs neither those keys nor explicit positions (a decode
+        step: no mask at all; a prefill: plain causal with Lq == Lk, SDPA's ``is_causal``; a window that cuts
+        stays). Found once per forward (one host read of the positions; not of the cache's offset tensor, which the
+        first layer's cache update advances in place); while torch.compile (or torch.jit.trace) traces it is
+        ``self``, so a traced graph keeps one structure at every step."""
+        if self.positional is None or torch.compiler.is_compiling() or torch.jit.is_tracing():
+            return self
+        if not self._narrowed:
+            n = int(self.q_positions[0, -1]) + 1
+            narrow = self
+            if n < self.kv_len:
+                # on default positions (the queries: the last Lq of n keys); none when every query sees every key
+                seen = _sees_every_key(self.positional, n - self.q_len, 0, self.q_len, n)
+                spec = None if seen else self.positional
+                real = None if self.key_is_real is None else self.key_is_real[:, :n]  # (B, n)
+                if real is not None and not bool(real.all()):
+                    spec = masks.padding(real) if spec is None else masks.And(spec, masks.padding(real))
+                narrow = HFMask(spec, None, None, self.q_len, n, self.dense_reason)
+            self._narrowed.append(narrow)
+        return self._narrowed[0]
+
+    @property
+    def narrowable(self) -> bool:
+        return self.positional is not None
 
     # transformers' modeling code sometimes reads a mask's shape/device (e.g. to slice it); answer like a 4-D mask
     @property
@@ -107,18 +143,40 @@ def mask_interface(batch_size: int, q_length: int, kv_length: int, q_offset=0, k
     else:
         q_pos = (torch.arange(q_length, device=device) + q_offset)[None]  # (1, Lq) cache indices of the queries
         kv_pos = (torch.arange(kv_length, device=device) + kv_offset)[None]  # (1, Lk)
-    if q_pos is None and q_length == 1 and isinstance(spec, masks.Causal):
-        spec = None  # one new token on default positions sees every key: no mask to build, bind or check per layer
+    exact = reader.position_ids is None and reader.unknown is None  # spec is the whole mask, on cache indices
+    if exact and _sees_every_key(spec, q_offset, kv_offset, q_length, kv_length):
+        spec = q_pos = kv_pos = None  # (a decode step) no mask to build, bind or check per layer, no positions
+    # causal or a causal window on cache indices from 0 (a static cache): attention_forward may narrow it
+    narrowable = exact and type(spec) in (masks.Causal, masks.SlidingWindow) and q_pos is not None and kv_offset == 0
+    positional = spec if narrowable else None
+    why = None
     if reader.unknown:
         why = f"mask function {reader.unknown} has no attnkit form"
         dense = sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
                           kv_offset=kv_offset, mask_function=mask_function, attention_mask=None,
                           allow_is_causal_skip=False, use_vmap=use_vmap, device=device)  # (B, 1, Lq, Lk) bool
         spec = masks.dense(dense)
-        return _with_padding(HFMask(spec, q_pos, kv_pos, q_length, kv_length, why), attention_mask,
-                             kv_length, kv_offset, prepare_padding_mask)
-    return _with_padding(HFMask(spec, q_pos, kv_pos, q_length, kv_length), attention_mask, kv_length, kv_offset,
-                         prepare_padding_mask)
+    key_is_real = _key_is_real(attention_mask, kv_length, kv_offset, prepare_padding_mask)  # (B, Lk) or None
+    if key_is_real is not None:
+        pad = masks.padding(key_is_real)
+        spec = pad if spec is None else masks.And(spec, pad)
+    return HFMask(spec, q_pos, kv_pos, q_length, kv_length, why, positional=positional,
+                  key_is_real=key_is_real if narrowable else None)
+
+
+def _sees_every_key(spec, q_offset, kv_offset: int, q_length: int, kv_length: int) -> bool:
+    """Whether every query sees every key of the call under ``spec`` (``causal()`` or a causal
+    ``sliding_window(W)``) on the cache indices ``q_offset + i``, ``kv_offset + j``: the first query sees the
+    newest key, and (a window) the last query still sees the oldest. Then the call needs no positional mask: a
+    decode step of a dynamic cache, full layers and sliding layers alike (a sliding cache keeps only the keys
+    the window reaches). A static cache's tensor offset is not read here (no host sync; see HFMask.narrowed)."""
+    if isinstance(q_offset, torch.Tensor) or type(spec) not in (masks.Causal, masks.SlidingWindow):
+        return False
+    first_query, last_query = q_offset, q_offset + q_length - 1
+    oldest_key, newest_key = kv_offset, kv_offset + kv_length - 1
+    if newest_key > first_query:
+        return False
+    return type(spec) is masks.Causal or oldest_key > last_query - spec.window  # window: p - W < j
 
 
 def _default_positions(q_offset, kv_offset: int, q_length: int, kv_length: int) -> bool:
@@ -132,17 +190,14 @@ def _default_positions(q_offset, kv_offset: int, q_length: int, kv_length: int) 
     return kv_offset == 0 and q_offset == kv_length - q_length
 
 
-def _with_padding(mask: HFMask, attention_mask, kv_length: int, kv_offset: int, prepare) -> HFMask:
-    """``spec & padding(key_is_real)`` from HF's 2-D mask ``(B, seen + Lq)`` (True = real token)."""
+def _key_is_real(attention_mask, kv_length: int, kv_offset: int, prepare) -> torch.Tensor | None:
+    """The call's real keys ``(B, Lk)`` from HF's 2-D mask ``(B, seen + Lq)`` (True = real token); None when every
+    key is real (no padding mask needed)."""
     if attention_mask is None:
-        return mask
+        return None
     padded = prepare(attention_mask.bool(), kv_length, kv_offset)  # (B, >= kv_offset + Lk)
     key_is_real = padded[:, kv_offset:kv_offset + kv_length]  # (B, Lk) real keys of this call
-    if bool(key_is_real.all()):
-        return mask
-    pad = masks.padding(key_is_real)
-    spec = pad if mask.spec is None else masks.And(mask.spec, pad)
-    return HFMask(spec, mask.q_positions, mask.kv_positions, mask.q_len, mask.kv_len, mask.dense_reason)
+    return None if bool(key_is_real.all()) else key_is_real
 
 
 class _Reader:
