@@ -45,7 +45,6 @@ class Lane:
     prepared: PreparedMask | None  # None with a causal() too large to keep: prepared per call
     q_positions: torch.Tensor | None
     kv_positions: torch.Tensor | None
-    tensors_key: tuple
     default_scale: float  # 1 / sqrt(D)
 
 
@@ -70,12 +69,12 @@ def plain_call(q, k, v, mask, scale) -> tuple[AttentionCall, Callable[[Attention
         if lane is None:
             if len(_LANES) >= _LANES_MAX:
                 _LANES.clear()
-            lane = _LANES[key] = _lane(q, k, v, mask, tensors_key)
+            lane = _LANES[key] = _lane(q, k, v, mask)
     elif type(mask) is PreparedMask:  # its own table (its data and positions are fixed)
         key = (tensors_key, grad, state)
         lane = mask.lanes.get(key)
         if lane is None:
-            lane = mask.lanes[key] = _lane(q, k, v, mask, tensors_key)
+            lane = mask.lanes[key] = _lane(q, k, v, mask)
     else:
         return None
     prepared = lane.prepared
@@ -87,7 +86,7 @@ def plain_call(q, k, v, mask, scale) -> tuple[AttentionCall, Callable[[Attention
     return call, lane.run
 
 
-def _lane(q, k, v, mask, tensors_key: tuple) -> Lane:
+def _lane(q, k, v, mask) -> Lane:
     """The full path for the first call of a key (every check runs, and raises as usual), kept as a :class:`Lane`."""
     call = build_call(q, k, v, mask)
     chosen = registry.select(call)
@@ -95,4 +94,4 @@ def _lane(q, k, v, mask, tensors_key: tuple) -> Lane:
     run = empty_result if call.is_empty else runner(call) if runner is not None else chosen
     small = call.prepared is None or call.q_len * call.kv_len <= SHARED_MAX_ENTRIES
     keep = call.prepared if (small or type(mask) is not Causal) else None  # a big causal()'s forms are not kept
-    return Lane(run, call.mask, keep, call.q_positions, call.kv_positions, tensors_key, 1.0 / math.sqrt(q.shape[3]))
+    return Lane(run, call.mask, keep, call.q_positions, call.kv_positions, 1.0 / math.sqrt(q.shape[3]))

@@ -151,7 +151,7 @@ def plot(payload: dict, path: Path) -> Path:
                           ("attnkit prepared (lowest)", "min_ratio_prepared")):
             series.setdefault(name, []).append((int(ctx), s[key]))
         if s["target"] is not None:
-            series.setdefault("target", []).append((int(ctx), s["target"]))
+            series.setdefault("target (for the lowest cell)", []).append((int(ctx), s["target"]))
     return line_panels(panels, path, ylabel="best direct SDPA time / attnkit time", xlabel="context (keys)",
                        log="x", title="decode-step attention: attnkit vs the best direct SDPA call")
 
