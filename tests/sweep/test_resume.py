@@ -1,0 +1,43 @@
+"""Nothing lost: a sweep killed with SIGKILL mid-trial continues with --resume; every finished trial kept, the
+interrupted one marked and completed from its checkpoint, the same number of trials as an uninterrupted sweep."""
+
+from __future__ import annotations
+
+from helpers import CLI_SMALL, counted_finished, kill, load, quiet, running_with_checkpoint, sweep_cli, wait_for
+from optuna.trial import TrialState
+
+from attnkit.sweep import resume_sweep
+
+PLAN = ["--trial-steps", "80", "--trials", "3", "--seeds", "0"]
+
+
+def test_kill_9_mid_trial_then_resume_keeps_every_trial_and_completes_the_interrupted_one(tmp_path):
+    folder = tmp_path / "sweep"
+    proc = sweep_cli("--run-dir", str(folder), *CLI_SMALL, *PLAN)
+    try:
+        wait_for(lambda: running_with_checkpoint(folder) is not None, proc=proc, what="a searched trial's checkpoint")
+        victim = running_with_checkpoint(folder)
+        before = {t.number: t.value for t in load(folder).get_trials(states=(TrialState.COMPLETE,))}
+        kill(proc.pid)
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == -9
+    assert load(folder).trials[victim.number].state == TrialState.RUNNING  # what the kill left
+
+    summary = resume_sweep(folder, log=quiet)
+
+    trials = load(folder).get_trials()
+    interrupted = trials[victim.number]
+    assert interrupted.state == TrialState.FAIL and interrupted.user_attrs["outcome"].startswith("interrupted")
+    retries = [t for t in trials if t.system_attrs.get("failed_trial") == victim.number]
+    assert len(retries) == 1, "the interrupted trial is enqueued once"
+    retry = retries[0]
+    assert retry.state in (TrialState.COMPLETE, TrialState.PRUNED) and retry.user_attrs["resumed"] is True
+    assert retry.user_attrs["run_dir"] == victim.user_attrs["run_dir"]  # continued in its own run folder
+    assert retry.params == victim.params
+    for number, value in before.items():  # every trial finished before the kill kept, as it was
+        assert trials[number].state == TrialState.COMPLETE and trials[number].value == value
+    assert len(counted_finished(trials)) == 3  # = the plan, as an uninterrupted sweep of the same plan
+    assert [r["number"] for r in summary["trials"]] == [t.number for t in trials]
