@@ -41,3 +41,22 @@ def test_kill_9_mid_trial_then_resume_keeps_every_trial_and_completes_the_interr
         assert trials[number].state == TrialState.COMPLETE and trials[number].value == value
     assert len(counted_finished(trials)) == 3  # = the plan, as an uninterrupted sweep of the same plan
     assert [r["number"] for r in summary["trials"]] == [t.number for t in trials]
+
+
+def test_sigterm_mid_trial_checkpoints_it_enqueues_it_again_and_prints_the_resume_command(tmp_path):
+    folder = tmp_path / "sweep"
+    proc = sweep_cli("--run-dir", str(folder), *CLI_SMALL, *PLAN)
+    try:
+        wait_for(lambda: running_with_checkpoint(folder) is not None, proc=proc, what="a searched trial's checkpoint")
+        victim = running_with_checkpoint(folder)
+        proc.terminate()
+        _, err = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 128 + 15, err
+    assert f"resume with: attnkit sweep --resume {folder}" in err and "stopped by a signal during trial" in err
+    trials = load(folder).get_trials()
+    assert trials[victim.number].state == TrialState.FAIL
+    assert trials[victim.number].user_attrs["outcome"].startswith("interrupted: stopped by a signal after step")
+    assert [t.state for t in trials if t.system_attrs.get("failed_trial") == victim.number] == [TrialState.WAITING]

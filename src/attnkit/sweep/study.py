@@ -107,6 +107,7 @@ def create_study(storage, name: str, config: SweepConfig, plan: Plan, record: di
         study = optuna.create_study(storage=storage, study_name=name, direction="minimize", sampler=sampler(config),
                                     pruner=pruner(plan))
         study.set_user_attr(ATTR, record)
+        study.enqueue_trial({}, user_attrs={"role": "baseline"})  # trial #0, the first one claimed
         if config.grid:
             enqueue_grid(study, config)
     return study
@@ -152,8 +153,9 @@ def set_plan(study: optuna.Study, plan: Plan) -> None:
 
 
 def next_trial(ctx: Context) -> optuna.trial.Trial | None:
-    """Claim this worker's next trial under the study lock: the baseline first, then a retry or an enqueued grid
-    point, then a new trial while fewer than the plan's trials count; None when the plan is full."""
+    """Claim this worker's next trial under the study lock: the oldest waiting one (the baseline, enqueued as trial
+    #0 with the study, then retries and grid points), else a new trial while fewer than the plan's trials count;
+    None when the plan is full."""
     study, storage = ctx.study, ctx.storage
     with stores.study_lock(storage, study.study_name), stores.quiet_optuna():
         stores.fail_stale(study)
