@@ -17,8 +17,15 @@ from attnkit.sweep import resume_sweep, run_sweep
 
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("sweep") / "s"
-    summary = run_sweep(small(folder), log=quiet)
+    import torch
+
+    before = torch.get_num_threads()  # (the one-thread fixture is per test: this one runs before it)
+    torch.set_num_threads(1)
+    try:
+        folder = tmp_path_factory.mktemp("sweep") / "s"
+        summary = run_sweep(small(folder), log=quiet)
+    finally:
+        torch.set_num_threads(before)
     return folder, summary
 
 

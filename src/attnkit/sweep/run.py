@@ -62,6 +62,10 @@ def run_sweep(config: SweepConfig, *, log=print, spent_s: float = 0.0, clock=tim
             lock.set_aside()
         storage = stores.open_storage(url, config.heartbeat_s)
         threads = check_workers(config.workers)
+        if config.workers == 1:  # the sweep's own process trains: with torch's threads (OMP_NUM_THREADS sets them)
+            import torch
+
+            threads = torch.get_num_threads()
         plan = first_plan(folder, config, values, deadline, threads, log)
         if config.grid:
             plan.trials = grid_size(config) + 1

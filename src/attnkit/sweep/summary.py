@@ -104,7 +104,8 @@ def markdown(p: dict) -> str:
              f"**Space:** {' '.join(f'{k}={v}' for k, v in searched.items())}.", "",
              f"**Plan:** {plan['trials']} trials (the baseline included) of {length} each (~{plan['expected_steps']} "
              f"steps, evaluated every {plan['eval_every']} steps; Optuna TPE sampler, median pruner), "
-             f"{p['workers']} worker(s), precision {plan['precision']}, storage `{p['storage']}`."]
+             f"{p['workers']} worker(s) of {plan['threads']} thread(s), precision {plan['precision']}, storage "
+             f"`{p['storage']}`."]
     if plan["replans"]:
         lines.append(f"Re-planned {len(plan['replans'])} time(s) as trials finished ([after trials, planned, new]: "
                      f"{plan['replans']}).")
