@@ -59,7 +59,6 @@ def config_from_args(args):
     settings = {name: getattr(args, name) for name in FIELDS if getattr(args, name) is not None}
     if args.space is not None:
         settings["space"] = parse_words(args.space)
-        settings["space_words"] = list(args.space)
     return SweepConfig(**settings, overwrite=args.overwrite, grid=args.grid, prune=not args.no_prune)
 
 

@@ -94,7 +94,7 @@ def corpus(name: str | None) -> str | None:
 def one_sweep(settings: dict, seed: int, plots, name: str) -> dict:
     """Run one sweep in a temporary folder; its figure kept as this lab's ``NAME.png``; the verdict's numbers."""
     with tempfile.TemporaryDirectory(prefix="attnkit-lab-procedure-") as tmp:
-        config = SweepConfig(run_dir=f"{tmp}/sweep", seed=seed, progress=False,
+        config = SweepConfig(run_dir=f"{tmp}/sweep", seed=seed,
                              **{**settings, "data": corpus(settings["data"])})
         summary = run_sweep(config, log=lambda *a, **k: None)
         shutil.copyfile(Path(tmp) / "sweep" / "sweep.png", plots.out / f"{name}.png")

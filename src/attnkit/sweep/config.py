@@ -65,9 +65,7 @@ class SweepConfig:
     device: str = "auto"
     seed: int = 0
     overwrite: bool = False
-    progress: bool = True
     heartbeat_s: int = 10
-    space_words: list = field(default_factory=list)  # the space as the user wrote it (for the summary)
 
     def __post_init__(self):
         if self.preset not in PRESETS:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import os
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import optuna
@@ -73,7 +73,6 @@ class Context:
     parent: int | None = None  # a worker process: the sweep that started it (it stops when that one is gone)
     infeasible: int = 0  # draws in a row that could not be built
     duplicates: int = 0  # draws in a row of a configuration already trained
-    ran: list = field(default_factory=list)
 
     def __post_init__(self):
         self.owner = self.owner or f"{self.sweep_id}:{socket.gethostname()}:{os.getpid()}"
