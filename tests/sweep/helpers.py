@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -42,15 +43,22 @@ def summary_trials(folder) -> list[dict]:
     return json.loads((Path(folder) / "summary.json").read_text())["trials"]
 
 
+@functools.lru_cache(maxsize=None)
+def _storage(url: str):
+    import optuna
+
+    return optuna.storages.RDBStorage(url)
+
+
 def load(folder, storage: str | None = None):
-    """The sweep's study as stored (a fresh connection)."""
+    """The sweep's study as stored (each call reads the storage again)."""
     import optuna
 
     from attnkit.sweep.folder import read_manifest
     from attnkit.sweep.storage import default_url
 
     manifest = read_manifest(folder)
-    return optuna.load_study(study_name=manifest["study"], storage=storage or default_url(Path(folder)))
+    return optuna.load_study(study_name=manifest["study"], storage=_storage(storage or default_url(Path(folder))))
 
 
 def wait_for(condition, timeout_s: float = 120.0, proc: subprocess.Popen | None = None, what: str = "") -> None:

@@ -8,7 +8,7 @@ from optuna.trial import TrialState
 
 from attnkit.sweep import resume_sweep
 
-PLAN = ["--trial-steps", "80", "--trials", "3", "--seeds", "0"]
+PLAN = ["--trial-steps", "160", "--trials", "3", "--seeds", "0"]  # a checkpoint every 32 steps
 
 
 def test_kill_9_mid_trial_then_resume_keeps_every_trial_and_completes_the_interrupted_one(tmp_path):

@@ -13,7 +13,7 @@ from optuna.trial import TrialState
 from attnkit.runs import read_metrics
 from attnkit.sweep.study import finished
 
-PLAN = ["--trial-steps", "80", "--trials", "4", "--seeds", "0", "--heartbeat-s", "1"]
+PLAN = ["--trial-steps", "160", "--trials", "4", "--seeds", "0", "--heartbeat-s", "1"]
 
 
 def check_no_trial_twice_and_none_lost(folder: Path, storage: str | None, victim, planned: int) -> None:
