@@ -79,3 +79,20 @@ def test_a_space_whose_draws_cannot_be_built_is_refused_after_many_in_a_row(tmp_
                                                 r"\(e.g. num_heads=2 must be a multiple of num_kv_heads=4"):
         trials.run_trial(ctx, draw)
     assert study.trials[-1].user_attrs["outcome"].startswith("infeasible: num_heads=2 must be a multiple")
+
+
+def test_a_trial_failed_as_stale_by_another_worker_stops_its_own_training(tmp_path):
+    from optuna.trial import TrialState
+
+    from attnkit.sweep.trial import Reporter, TakenOver
+
+    storage = open_storage(default_url(tmp_path))
+    study = optuna.create_study(storage=storage, study_name="s")
+    with quiet_optuna():
+        trial = study.ask()
+    reporter = Reporter(trial, prune=False)
+    reporter(None, {"step": 1, "val_loss": 2.0})  # reported while it runs
+    storage.set_trial_state_values(storage.get_trial_id_from_study_id_trial_number(
+        storage.get_study_id_from_name("s"), trial.number), state=TrialState.FAIL)  # another worker: "stale"
+    with pytest.raises(TakenOver, match=f"trial #{trial.number}"):
+        reporter(None, {"step": 2, "val_loss": 1.9})

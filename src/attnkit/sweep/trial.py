@@ -33,6 +33,11 @@ MAX_INFEASIBLE = 50
 MAX_DUPLICATES = 20
 
 
+class TakenOver(Exception):
+    """This worker's trial was failed as stale by another worker (its heartbeat was late) and enqueued again: the
+    retry continues it; this worker stops training it."""
+
+
 class Reporter:
     """The trainer hook of one trial: every validation loss reported to the study; the pruner's stop raised at the
     next step. ``parent``: the pid this worker must outlive (a worker whose sweep died stops)."""
@@ -50,7 +55,10 @@ class Reporter:
         self.last_step = record["step"]
         if "val_loss" in record:
             with stores.quiet_optuna():
-                self.trial.report(float(record["val_loss"]), record["step"])
+                try:
+                    self.trial.report(float(record["val_loss"]), record["step"])
+                except optuna.exceptions.UpdateFinishedTrialError:
+                    raise TakenOver(f"trial #{self.trial.number}") from None
                 if self.prune and self.trial.should_prune():
                     self.stop_at = record["step"]
 
@@ -111,15 +119,21 @@ def run_trial(ctx: Context, trial: optuna.trial.Trial) -> dict:
                        "params": spaces.param_count(ctx.config.preset, values, ctx.config.seq_len),
                        "outcome": "running", "resumed": resume is not None}.items():
         trial.set_user_attr(key, value)
-    reporter = Reporter(trial, ctx.config.prune and not baseline, parent=getattr(ctx, "parent", None))
+    reporter = Reporter(trial, ctx.config.prune and not baseline, parent=ctx.parent)
     start = time.monotonic()
-    state, value, outcome = _train(ctx, trial, values, run_dir, resume, reporter)
-    seconds = time.monotonic() - start
-    trial.set_user_attr("steps", reporter.stop_at or reporter.last_step)
-    trial.set_user_attr("seconds", round(seconds, 2))
-    trial.set_user_attr("outcome", outcome)
-    with stores.quiet_optuna():
-        ctx.study.tell(trial, value if state == TrialState.COMPLETE else None, state=state)
+    try:
+        state, value, outcome = _train(ctx, trial, values, run_dir, resume, reporter)
+        seconds = time.monotonic() - start
+        trial.set_user_attr("steps", reporter.stop_at or reporter.last_step)
+        trial.set_user_attr("seconds", round(seconds, 2))
+        trial.set_user_attr("outcome", outcome)
+        with stores.quiet_optuna():
+            ctx.study.tell(trial, value if state == TrialState.COMPLETE else None, state=state)
+    except (TakenOver, optuna.exceptions.UpdateFinishedTrialError):
+        ctx.log(f"sweep: trial #{trial.number} was declared stale while it trained (its heartbeat came late) and "
+                "enqueued again; its retry continues it from its checkpoint")
+        return {"number": trial.number, "role": attrs.get("role"), "state": "TAKEN_OVER", "value": None,
+                "outcome": "taken over by its retry", "seconds": time.monotonic() - start, "config": values}
     return {"number": trial.number, "role": attrs.get("role"), "state": state.name, "value": value,
             "outcome": outcome, "seconds": seconds, "config": values}
 
@@ -137,6 +151,8 @@ def _train(ctx: Context, trial, values: dict, run_dir: Path, resume: Path | None
             result = train(trial_config(ctx, values, run_dir, seed=ctx.config.seed), hooks=[reporter], log=log)
     except optuna.TrialPruned:
         return TrialState.PRUNED, None, f"pruned at step {reporter.stop_at}"
+    except TakenOver:
+        raise
     except TrainingDiverged as exc:
         log(str(exc))
         return TrialState.FAIL, None, f"diverged: {str(exc).split(';')[0]}"
