@@ -43,7 +43,7 @@ def summary_trials(folder) -> list[dict]:
     return json.loads((Path(folder) / "summary.json").read_text())["trials"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _storage(url: str):
     import optuna
 
