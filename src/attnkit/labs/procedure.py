@@ -29,9 +29,9 @@ from attnkit.sweep.verdict import BEATS
 
 COMMON = {"preset": "nano", "precision": "fp32", "grid": True, "prune": False, "seeds": 3, "eval_batches": 4}
 SIZES = {
-    "default": {"small": {**COMMON, "data": "email", "seq_len": 64, "batch_size": 8, "trial_steps": 300,
+    "default": {"small": {**COMMON, "data": "email", "seq_len": 64, "batch_size": 8, "trial_steps": 200,
                           "space": {"heads": [1, 2]}},
-                "long": {**COMMON, "data": None, "seq_len": 512, "batch_size": 4, "minutes": 4.0,
+                "long": {**COMMON, "data": None, "seq_len": 512, "batch_size": 4, "minutes": 3.0,
                          "space": {"heads": [16], "window": [32, 64]}}},
     "quick": {"small": {**COMMON, "data": "json", "seq_len": 32, "batch_size": 4, "trial_steps": 3, "seeds": 2,
                         "space": {"heads": [1, 2]}},
