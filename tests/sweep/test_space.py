@@ -134,3 +134,12 @@ def test_a_missing_driver_names_the_install(monkeypatch):
         check_url("postgresql://u:secret@h/db")
     except EnvironmentUnsupportedError as exc:
         assert "secret" not in str(exc)  # the password never reaches a message
+
+
+def test_a_grid_plans_exactly_its_combinations_and_the_baseline():
+    """The regression: a grid's time budget was split as for the default 12 trials, not for the grid's own."""
+    config = SweepConfig(minutes=3, grid=True, space={"heads": [16], "window": [32, 64]})
+    assert config.trials == 3
+    from attnkit.sweep.config import trial_seconds
+
+    assert trial_seconds(180.0, config) == pytest.approx((180.0 - 15.0) / (3 + 6))

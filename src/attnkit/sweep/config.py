@@ -91,6 +91,8 @@ class SweepConfig:
         if self.grid and any(isinstance(e, spaces.Range) for e in self.space.values()):
             raise AttnkitValueError(f"grid=True needs lists of values, and space='{spaces.describe(self.space)}' has "
                                     "a range; give each knob a list (e.g. lr=1e-3,3e-3).")
+        if self.grid:  # every combination once, and the baseline: the budget is planned for exactly these
+            self.trials = math.prod(len(e.values) for e in self.space.values()) + 1
 
     def to_dict(self) -> dict:
         data = asdict(self)

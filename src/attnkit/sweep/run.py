@@ -22,7 +22,7 @@ from attnkit.sweep import storage as stores
 from attnkit.sweep.budget import Planner, first_plan
 from attnkit.sweep.config import SweepConfig, baseline_values, check_workers
 from attnkit.sweep.folder import SweepFolder, read_manifest, write_manifest
-from attnkit.sweep.study import ATTR, Context, create_study, grid_size, load_study, own_running, requeue_dead
+from attnkit.sweep.study import ATTR, Context, create_study, load_study, own_running, requeue_dead
 from attnkit.sweep.worker import work
 from attnkit.training.deadline import Deadline
 
@@ -67,8 +67,6 @@ def run_sweep(config: SweepConfig, *, log=print, spent_s: float = 0.0, clock=tim
 
             threads = torch.get_num_threads()
         plan = first_plan(folder, config, values, deadline, threads, log)
-        if config.grid:
-            plan.trials = grid_size(config) + 1
         values["warmup"] = plan.warmup
         if config.space == spaces.default_space(config.preset):  # the default space searches warmup at this scale
             config.space["warmup"] = spaces.Choices(tuple(sorted({max(1, round(f * plan.expected_steps))

@@ -140,13 +140,6 @@ def enqueue_grid(study: optuna.Study, config: SweepConfig) -> None:
         study.enqueue_trial(dict(zip(names, combo)), user_attrs={"role": "search"})
 
 
-def grid_size(config: SweepConfig) -> int:
-    size = 1
-    for entry in config.space.values():
-        size *= len(entry.values)
-    return size
-
-
 def set_plan(study: optuna.Study, plan: Plan) -> None:
     study.set_user_attr(ATTR, {**study.user_attrs[ATTR], "plan": plan.to_dict()})
 
