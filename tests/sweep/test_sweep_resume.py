@@ -11,18 +11,25 @@ from attnkit.sweep import resume_sweep
 PLAN = ["--trial-steps", "160", "--trials", "3", "--seeds", "0"]  # a checkpoint every 32 steps
 
 
-def test_kill_9_mid_trial_then_resume_keeps_every_trial_and_completes_the_interrupted_one(tmp_path):
-    folder = tmp_path / "sweep"
+def stopped_mid_trial(folder, stop):
+    """Start a sweep in ``folder``, ``stop(proc)`` it while a searched trial runs past its first checkpoint; returns
+    ``(process, the trial, its stderr, {number: value} of the trials complete before)``."""
     proc = sweep_cli("--run-dir", str(folder), *CLI_SMALL, *PLAN)
     try:
         wait_for(lambda: running_with_checkpoint(folder) is not None, proc=proc, what="a searched trial's checkpoint")
         victim = running_with_checkpoint(folder)
         before = {t.number: t.value for t in load(folder).get_trials(states=(TrialState.COMPLETE,))}
-        kill(proc.pid)
-        proc.wait()
+        stop(proc)
+        _, err = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
+    return proc, victim, err, before
+
+
+def test_kill_9_mid_trial_then_resume_keeps_every_trial_and_completes_the_interrupted_one(tmp_path):
+    folder = tmp_path / "sweep"
+    proc, victim, _, before = stopped_mid_trial(folder, lambda p: kill(p.pid))
     assert proc.returncode == -9
     assert load(folder).trials[victim.number].state == TrialState.RUNNING  # what the kill left
 
@@ -45,15 +52,7 @@ def test_kill_9_mid_trial_then_resume_keeps_every_trial_and_completes_the_interr
 
 def test_sigterm_mid_trial_checkpoints_it_enqueues_it_again_and_prints_the_resume_command(tmp_path):
     folder = tmp_path / "sweep"
-    proc = sweep_cli("--run-dir", str(folder), *CLI_SMALL, *PLAN)
-    try:
-        wait_for(lambda: running_with_checkpoint(folder) is not None, proc=proc, what="a searched trial's checkpoint")
-        victim = running_with_checkpoint(folder)
-        proc.terminate()
-        _, err = proc.communicate(timeout=120)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
+    proc, victim, err, _ = stopped_mid_trial(folder, lambda p: p.terminate())
     assert proc.returncode == 128 + 15, err
     assert f"resume with: attnkit sweep --resume {folder}" in err and "stopped by a signal during trial" in err
     trials = load(folder).get_trials()

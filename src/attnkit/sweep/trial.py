@@ -164,19 +164,25 @@ def _train(ctx: Context, trial, values: dict, run_dir: Path, resume: Path | None
     return TrialState.COMPLETE, float(result.val_loss), "complete"
 
 
-def _infeasible(ctx: Context, trial, values: dict, problem: str) -> dict:
-    """A drawn combination no model can be built from: marked, told as pruned (TPE learns to avoid it), drawn
-    again; it does not count toward the plan."""
-    ctx.infeasible += 1
+def _skip(ctx: Context, trial, values: dict, outcome: str, kind: str) -> dict:
+    """A draw that is not trained: marked with ``outcome``, told as pruned (TPE moves away from it); it does not
+    count toward the plan, and the worker draws again."""
     trial.set_user_attr("config", values)
-    trial.set_user_attr("outcome", f"infeasible: {problem}")
+    trial.set_user_attr("outcome", outcome)
     with stores.quiet_optuna():
         ctx.study.tell(trial, state=TrialState.PRUNED)
+    return {"number": trial.number, "role": "search", "state": kind, "value": None, "outcome": outcome,
+            "seconds": 0.0, "config": values}
+
+
+def _infeasible(ctx: Context, trial, values: dict, problem: str) -> dict:
+    """A drawn combination no model can be built from (skipped); :data:`MAX_INFEASIBLE` in a row refuse the space."""
+    ctx.infeasible += 1
+    summary = _skip(ctx, trial, values, f"infeasible: {problem}", "INFEASIBLE")
     if ctx.infeasible >= MAX_INFEASIBLE:
         raise AttnkitValueError(f"space='{spaces.describe(ctx.config.space)}': {MAX_INFEASIBLE} draws in a row could "
                                 f"not be built (e.g. {problem}); remove the values that do not fit together.")
-    return {"number": trial.number, "role": "search", "state": "INFEASIBLE", "value": None,
-            "outcome": f"infeasible: {problem}", "seconds": 0.0, "config": values}
+    return summary
 
 
 def duplicate_of(ctx: Context, number: int, values: dict) -> int | None:
@@ -189,17 +195,13 @@ def duplicate_of(ctx: Context, number: int, values: dict) -> int | None:
 
 
 def _duplicate(ctx: Context, trial, values: dict, same: int) -> dict:
-    """A draw of a configuration a trial already trains: not trained again, told as pruned (TPE moves on), drawn
-    again; after :data:`MAX_DUPLICATES` in a row the search has exhausted the space and ends."""
+    """A draw of a configuration a trial already trains (skipped); after :data:`MAX_DUPLICATES` in a row the search
+    has exhausted the space and ends."""
     ctx.duplicates += 1
-    trial.set_user_attr("config", values)
-    trial.set_user_attr("outcome", f"duplicate of #{same} (not trained again)")
-    with stores.quiet_optuna():
-        ctx.study.tell(trial, state=TrialState.PRUNED)
+    summary = _skip(ctx, trial, values, f"duplicate of #{same} (not trained again)", "DUPLICATE")
     if ctx.duplicates >= MAX_DUPLICATES:
         end_search(ctx, f"{MAX_DUPLICATES} draws in a row proposed configurations already trained")
-    return {"number": trial.number, "role": "search", "state": "DUPLICATE", "value": None,
-            "outcome": f"duplicate of #{same}", "seconds": 0.0, "config": values}
+    return summary
 
 
 def end_search(ctx: Context, why: str) -> None:
