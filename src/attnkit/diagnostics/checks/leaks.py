@@ -1,7 +1,9 @@
 """Information leaks: causal (the future), padding (pad contents and amount), packing (other documents).
 
 Each check changes what must not matter and measures, in float64 (or the most precise dtype the model runs:
-``base.precise``), how much the outputs that must not see it moved. Shape legend: B batch, H heads, L length, E embed_dim, D head_dim, V vocab size.
+``base.precise``), how much the outputs that must not see it moved.
+
+Shape legend: B batch, H heads, L length, E embed_dim, D head_dim, V vocab size.
 """
 
 from __future__ import annotations
