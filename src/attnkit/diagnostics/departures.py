@@ -108,6 +108,23 @@ def _attention_multiplier(config, model) -> Departure | None:
                      "muP), not 1/sqrt(head_dim)", scale=float(value))
 
 
+@departure("rope_parameters")
+def _mla_yarn_mscale(config, model) -> Departure | None:
+    """MLA (DeepSeek) folds YaRN's ``mscale_all_dim`` into the softmax scale: ``qk_head_dim ** -0.5 * mscale ** 2``."""
+    rope, qk = _get(config, "rope_parameters"), _qk_head_dim(config)
+    if not isinstance(rope, dict) or qk is None or not rope.get("mscale_all_dim") or \
+            rope.get("rope_type", "default") == "default":
+        return None
+    try:
+        from transformers.modeling_rope_utils import yarn_apply_mscale  # the family's own rule
+    except ImportError:
+        return None
+    scale = float(yarn_apply_mscale(rope, qk ** -0.5))
+    return Departure("rope_parameters", {k: rope[k] for k in ("rope_type", "factor", "mscale_all_dim") if k in rope},
+                     f"MLA with YaRN: scores scaled by qk_head_dim ** -0.5 * mscale ** 2 = {scale:.4g} (mscale_all_dim "
+                     f"{rope['mscale_all_dim']:g}, factor {rope.get('factor')}), not 1/sqrt(head_dim)", scale=scale)
+
+
 # ------------------------------------------------------------------------------------------ the scores
 
 @departure("attn_logit_softcapping")
@@ -159,11 +176,16 @@ def _nope(config, model) -> Departure | None:
     return Departure("no_rope_layers", _get(config, "no_rope_layers"), f"{_layers(nope)} use no rotary positions (NoPE)")
 
 
+def _qk_head_dim(config) -> int | None:
+    """MLA's query/key head size (qk_nope_head_dim + qk_rope_head_dim), None for other attention."""
+    if not isinstance(_get(config, "qk_nope_head_dim"), int):
+        return None
+    return _get(config, "qk_nope_head_dim") + (_get(config, "qk_rope_head_dim") or 0)
+
+
 @departure("v_head_dim")
 def _mla(config, model) -> Departure | None:
-    v, qk = _get(config, "v_head_dim"), _get(config, "qk_head_dim")
-    if qk is None and _get(config, "qk_nope_head_dim") is not None:
-        qk = _get(config, "qk_nope_head_dim") + (_get(config, "qk_rope_head_dim") or 0)
+    v, qk = _get(config, "v_head_dim"), _qk_head_dim(config)
     if not isinstance(v, int) or not isinstance(qk, int) or v == qk:
         return None
     rank = _get(config, "kv_lora_rank")

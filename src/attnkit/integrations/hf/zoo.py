@@ -85,8 +85,12 @@ FAMILIES: dict[str, Family] = {f.name: f for f in (
     Family("deepseek_v3", "DeepseekV3Config", {
         **_DECODER, "num_key_value_heads": 4, "q_lora_rank": 16, "kv_lora_rank": 8, "qk_nope_head_dim": 8,
         "qk_rope_head_dim": 4, "v_head_dim": 6, "moe_intermediate_size": 16, "n_routed_experts": 4,
-        "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1, "n_shared_experts": 1},
-        note="MLA (q/k head 12, v head 6), experts"),
+        "num_experts_per_tok": 2, "n_group": 2, "topk_group": 1, "first_k_dense_replace": 1, "n_shared_experts": 1,
+        # DeepSeek-V3's own: YaRN factor 40 from 4096 positions, mscale_all_dim 1 (folded into the softmax scale)
+        "rope_parameters": {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+                            "original_max_position_embeddings": 16, "mscale": 1.0, "mscale_all_dim": 1.0,
+                            "beta_fast": 32.0, "beta_slow": 1.0}},
+        note="MLA (q/k head 12, v head 6) with YaRN's mscale in the scale, experts"),
     Family("smollm3", "SmolLM3Config", {**_DECODER, "num_hidden_layers": 4, "no_rope_layers": [1, 1, 1, 0]},
            note="a NoPE layer"),
     Family("olmo2", "Olmo2Config", _DECODER, note="QK-norm over heads"),
