@@ -124,6 +124,20 @@ def test_a_scale_the_config_does_not_set_still_fails():
     assert result.status == "FAIL" and "the config's field is ignored" in result.evidence, result.evidence
 
 
+def test_gpt2_scale_switches_are_departures_layer_by_layer():
+    config = zoo.config("gpt2")
+    config.scale_attn_by_inverse_layer_idx = True  # layer i divides its scores by i + 1 too
+    result = ak.doctor.examine(tf.GPT2LMHeadModel(config).eval(), checks=["scale"])["scale"]
+    assert result.status == "INFO", result.evidence
+    assert result.evidence == ("1 of 2 attention calls use 0.1768 set by config.scale_attn_by_inverse_layer_idx=True, "
+                               "not 1/sqrt(d_k=8) = 0.3536: intended")
+    config = zoo.config("gpt2")
+    config.scale_attn_weights = False
+    result = ak.doctor.examine(tf.GPT2LMHeadModel(config).eval(), checks=["scale"])["scale"]
+    assert result.status == "INFO" and "2 of 2 attention calls use 1 set by config.scale_attn_weights=False" \
+        in result.evidence, result.evidence
+
+
 def test_a_probe_the_subject_cannot_take_skips_with_the_reason():
     def square_masks_only(q, k, v, mask):
         if mask is not None and mask.dim() != 2:

@@ -29,13 +29,21 @@ class Departure:
     field: str
     value: object
     says: str
-    #: the softmax scale the config intends instead of 1/sqrt(head_dim) (the ``scale`` check expects it)
-    scale: float | None = None
+    #: the softmax scale the config intends instead of 1/sqrt(head_dim) (the ``scale`` check expects it); a tuple
+    #: gives one per layer index
+    scale: float | tuple[float, ...] | None = None
     #: probes of the checks that do not apply to this model, and why (``{LEFT_PADDING: "..."}``)
     untested: dict[str, str] = field(default_factory=dict)
 
     def line(self) -> str:
         return f"config.{self.field}={_short(self.value)}: {self.says}"
+
+    def scale_at(self, layer: int | None) -> float | None:
+        """The intended scale of layer index ``layer`` (None: this departure sets none there, or the layer is
+        unknown and the scale is per layer)."""
+        if not isinstance(self.scale, tuple):
+            return self.scale
+        return self.scale[layer] if layer is not None and 0 <= layer < len(self.scale) else None
 
 
 Reader = Callable[[object, object], "Departure | None"]
@@ -123,6 +131,21 @@ def _mla_yarn_mscale(config, model) -> Departure | None:
     return Departure("rope_parameters", {k: rope[k] for k in ("rope_type", "factor", "mscale_all_dim") if k in rope},
                      f"MLA with YaRN: scores scaled by qk_head_dim ** -0.5 * mscale ** 2 = {scale:.4g} (mscale_all_dim "
                      f"{rope['mscale_all_dim']:g}, factor {rope.get('factor')}), not 1/sqrt(head_dim)", scale=scale)
+
+
+@departure("scale_attn_weights")
+def _gpt2_scaling(config, model) -> Departure | None:
+    """GPT-2's switches: ``scale_attn_weights=False`` (no 1/sqrt(d)), ``scale_attn_by_inverse_layer_idx`` (1/(i+1))."""
+    plain, inverse = _get(config, "scale_attn_weights"), _get(config, "scale_attn_by_inverse_layer_idx")
+    heads, width, layers = _get(config, "n_head"), _get(config, "n_embd"), _get(config, "n_layer")
+    if (plain is not False and not inverse) or not all(isinstance(v, int) for v in (heads, width, layers)):
+        return None
+    base = (width // heads) ** -0.5 if plain is not False else 1.0
+    scales = tuple(base / (i + 1) if inverse else base for i in range(layers))
+    says = ("scores not scaled by 1/sqrt(head_dim)" if plain is False else "scores scaled by 1/sqrt(head_dim)") + \
+        (" and by 1/(layer index + 1)" if inverse else "")
+    field = "scale_attn_weights" if plain is False else "scale_attn_by_inverse_layer_idx"
+    return Departure(field, _get(config, field), f"{says} (GPT-2)", scale=scales)
 
 
 # ------------------------------------------------------------------------------------------ the scores
@@ -231,9 +254,9 @@ def _sliding_everywhere(config, model) -> Departure | None:
     return Departure("sliding_window", window, f"every layer attends a sliding window of {window} keys")
 
 
-def scale_text(d: Departure, head_dim: int) -> str:
-    """How the intended scale compares with 1/sqrt(head_dim), for the scale check's evidence."""
-    return (f"{d.scale:.4g} set by config.{d.field}={_short(d.value)}, not 1/sqrt(d_k={head_dim}) = "
+def scale_text(d: Departure, head_dim: int, scale: float) -> str:
+    """How the intended ``scale`` compares with 1/sqrt(head_dim), for the scale check's evidence."""
+    return (f"{scale:.4g} set by config.{d.field}={_short(d.value)}, not 1/sqrt(d_k={head_dim}) = "
             f"{1 / math.sqrt(head_dim):.4g}: intended")
 
 

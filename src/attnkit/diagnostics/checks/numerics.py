@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import sys
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -74,18 +75,29 @@ def measure_scale(fn, head_dim: int, delta: float = 2.0) -> float:
     return math.log(float(p[0]) / float(p[1])) / delta
 
 
-def _hf_scales(s, options: Options) -> list[tuple[str, float, int]]:
-    """(layer, scaling, head_dim) of every attention call of a Hugging Face model, read through a pass-through
+class Call(NamedTuple):
+    """One observed attention call: its layer's name, the scale it used, its head dim and its layer index (HF)."""
+
+    layer: str
+    scale: float
+    head_dim: int
+    index: int | None = None
+
+
+def _hf_scales(s, options: Options) -> list[Call]:
+    """(layer, scaling, head_dim, layer index) of every attention call of a Hugging Face model, read through a pass-through
     attention implementation registered with ``transformers.AttentionInterface``. The call goes on to the model's own
     eager attention (its modelling file's ``eager_attention_forward``: softcapping, sinks and whatever else the family
     passes are served as the family serves them), else to SDPA."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
-    seen: list[tuple[str, float, int]] = []
+    seen: list[Call] = []
 
     def observe(module, query, key, value, attention_mask, scaling=None, **kwargs):
         D = query.shape[-1]
-        seen.append((type(module).__name__ + f"#{len(seen)}", 1 / math.sqrt(D) if scaling is None else float(scaling), D))
+        index = getattr(module, "layer_idx", None)
+        seen.append(Call(type(module).__name__ + f"#{len(seen)}", 1 / math.sqrt(D) if scaling is None else float(scaling),
+                         D, index if isinstance(index, int) else None))
         inner = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
         return (inner or ALL_ATTENTION_FUNCTIONS["sdpa"])(module, query, key, value, attention_mask, scaling=scaling,
                                                           **kwargs)
@@ -123,11 +135,10 @@ def scale(subject, options) -> Outcome:
         found.append((status, f"{subject.fn_note}: {text}"))
     calls = _model_scales(subject, options)
     intended = intended_scale(subject.module) if subject.module is not None else None
-    verdicts = [_call_verdict(used, D, intended) for _, used, D in calls]
-    found += [(status, f"layer {layer}: {text}") for (layer, _, _), (status, text) in zip(calls, verdicts)
-              if status == FAIL]
+    verdicts = [_call_verdict(call, intended) for call in calls]
+    found += [(status, f"layer {call.layer}: {text}") for call, (status, text) in zip(calls, verdicts) if status == FAIL]
     if calls:
-        details["calls"] = [{"layer": c[0], "scale": c[1], "head_dim": c[2]} for c in calls]
+        details["calls"] = [{"layer": c.layer, "scale": c.scale, "head_dim": c.head_dim} for c in calls]
         if intended is not None:
             details["intended"] = intended.line()
         n_intended = sum(status == INFO for status, _ in verdicts)
@@ -143,8 +154,8 @@ def scale(subject, options) -> Outcome:
     return Outcome(status, "; ".join(t for _, t in (bad or found)), details)
 
 
-def _model_scales(subject, options) -> list[tuple[str, float, int]]:
-    """(layer, scale, head_dim) of every attention call of the subject's model (none for a bare function)."""
+def _model_scales(subject, options) -> list[Call]:
+    """Every attention call of the subject's model (none for a bare function)."""
     if subject.module is None or (subject.seq is None and subject.lm is None):
         return []
     s = subject.cast(torch.float32)
@@ -152,20 +163,20 @@ def _model_scales(subject, options) -> list[tuple[str, float, int]]:
         return _hf_scales(s, options)
     with torch.no_grad(), capture(s.module, rows=[-1]) as cap:  # any calls into attnkit.attention
         run_main(s, sample_inputs(s, options))
-    return [(r.layer, r.scale, r.head_dim) for r in cap.records]
+    return [Call(r.layer, r.scale, r.head_dim) for r in cap.records]
 
 
-def _call_verdict(used: float, head_dim: int, intended) -> tuple[str, str]:
+def _call_verdict(call: Call, intended) -> tuple[str, str]:
     """(status, text) of one call's scale: 1/sqrt(d_k) PASSes unless the config intends another scale; the scale the
     config intends is INFO (naming its field; PASS when it is 1/sqrt(d_k) too); any other scale FAILs."""
-    status, text = classify_scale(used, head_dim)
-    if intended is None:
+    status, text = classify_scale(call.scale, call.head_dim)
+    meant = None if intended is None else intended.scale_at(call.index)
+    if meant is None:
         return status, text
-    if abs(used - intended.scale) <= 1e-3 * intended.scale:
-        return (PASS, text) if status == PASS else (INFO, scale_text(intended, head_dim))
+    if abs(call.scale - meant) <= 1e-3 * meant:
+        return (PASS, text) if status == PASS else (INFO, scale_text(intended, call.head_dim, meant))
     why = "the config's field is ignored" if status == PASS else text
-    return FAIL, (f"scale {used:.4g} is not the {intended.scale:.4g} that config.{intended.field}={intended.value!r} "
-                  f"sets ({why})")
+    return FAIL, f"scale {call.scale:.4g} is not the {meant:.4g} that config.{intended.field}={intended.value!r} sets ({why})"
 
 
 # ----------------------------------------------------------------------------------------- mask placement
