@@ -27,10 +27,19 @@ from attnkit.diagnostics.subjects import attnkit_attention_modules
 from attnkit.functional.reference import reference_attention
 
 
-def _rule(out: torch.Tensor, ref: torch.Tensor, golden: torch.Tensor) -> tuple[bool, float, float]:
-    """The tolerance rule of docs/conventions.md (``attnkit._tolerance``): (ok, error, the reference's error)."""
-    result = within_rule(out, ref, golden)
-    return result.ok, result.err, result.ref_err
+def _judge(out: torch.Tensor, ref: torch.Tensor, golden: torch.Tensor, tol: float | None) -> dict:
+    """One served result: by the tolerance rule of docs/conventions.md (``attnkit._tolerance``) against a float64
+    ``golden`` (``tol`` None), else within ``tol`` of a golden in the dtype the model runs (:func:`precise`)."""
+    if tol is None:
+        result = within_rule(out, ref, golden)
+        return {"served": True, "ok": result.ok, "err": result.err, "ref_err": result.ref_err}
+    err = max_error(out, golden)
+    return {"served": True, "ok": err <= tol, "err": err, "ref_err": 0.0}
+
+
+def _tol(golden: torch.Tensor, probe) -> float | None:
+    """None when ``golden`` is float64 (the rule judges); else the tolerance of the dtype the model runs in."""
+    return None if probe.dtype == torch.float64 else tolerance(golden.to(probe.dtype))
 
 
 def _not_here(name: str, device: torch.device, pinned: list[str]) -> str | None:
@@ -55,17 +64,20 @@ def _set_backends(module, name: str) -> list[str]:
     return old
 
 
-def _agree_attnkit(subject, options) -> tuple[dict[str, dict], str]:
-    """Every attnkit backend on the float32 model vs the float64 model on the math backend."""
+def _agree_attnkit(subject, options) -> tuple[dict[str, dict], str, float | None]:
+    """Every attnkit backend on the float32 model vs the float64 model on the math backend (the model in the most
+    precise dtype it runs, :func:`precise`, when it refuses float64)."""
     import attnkit
 
     results: dict[str, dict] = {}
-    s64, s32 = subject.cast(torch.float64), subject.cast(torch.float32)
+    probe = precise(subject, options)
+    s64, s32 = probe.subject, subject.cast(torch.float32)
     inputs = sample_inputs(s32, options)
     old64, old32 = _set_backends(s64.module, "math"), _set_backends(s32.module, "math")
     try:
         with torch.no_grad():
-            golden = run_main(s64, inputs.double() if inputs.is_floating_point() else inputs).double()
+            golden = run_main(s64, inputs.to(probe.dtype) if inputs.is_floating_point() else inputs).double()
+            tol = _tol(golden, probe)
             ref = run_main(s32, inputs)
             for name in attnkit.backends.available():
                 if (why := _not_here(name, inputs.device, old32)) is not None:
@@ -77,16 +89,17 @@ def _agree_attnkit(subject, options) -> tuple[dict[str, dict], str]:
                 except NotImplementedError as exc:
                     results[name] = {"served": False, "why": str(exc)}
                     continue
-                ok, err, ref_err = _rule(out, ref, golden)
-                results[name] = {"served": True, "ok": ok, "err": err, "ref_err": ref_err}
+                results[name] = _judge(out, ref, golden, tol)
     finally:
         for s, old in ((s64, old64), (s32, old32)):
             for (_, m), b in zip(attnkit_attention_modules(s.module), old):
                 m.backend = b
-    return results, "model output per attnkit backend vs float64 math", None
+    if tol is None:
+        return results, "model output per attnkit backend vs float64 math", None
+    return results, f"model output per attnkit backend vs math{probe.note}", tol
 
 
-def _agree_hf(subject, options) -> tuple[dict[str, dict], str]:
+def _agree_hf(subject, options) -> tuple[dict[str, dict], str, float | None]:
     """Every Hugging Face attention implementation vs float64 eager by the rule; vs eager in the most precise dtype the
     model runs (:func:`precise`) by that dtype's tolerance when it refuses float64. An implementation the model
     refuses, or one that raises on the model's attention (SDPA on softcapping), can't serve it: said, not failed."""
@@ -99,19 +112,14 @@ def _agree_hf(subject, options) -> tuple[dict[str, dict], str]:
         try:
             golden = _run_as(s_ref, "eager", inputs).double()
             ref = _run_as(s32, "eager", inputs)
-            tol = tolerance(golden.to(probe.dtype)) if probe.dtype != torch.float64 else None
+            tol = _tol(golden, probe)
             for name in _hf_implementations():
                 try:
                     out = _run_as(s32, name, inputs)
                 except Exception as exc:  # noqa: BLE001 - refused by the model or the implementation
                     results[name] = {"served": False, "why": f"{type(exc).__name__}: {str(exc).splitlines()[0][:120]}"}
                     continue
-                if tol is None:
-                    ok, err, ref_err = _rule(out, ref, golden)
-                else:
-                    err = max_error(out, golden)
-                    ok, ref_err = err <= tol, 0.0
-                results[name] = {"served": True, "ok": ok, "err": err, "ref_err": ref_err}
+                results[name] = _judge(out, ref, golden, tol)
         finally:
             for module, original in originals:
                 module.set_attn_implementation(original)
@@ -125,7 +133,7 @@ def _run_as(s, implementation: str, inputs) -> torch.Tensor:
     return run_main(s, inputs)
 
 
-def _agree_function(subject, options) -> tuple[dict[str, dict], str]:
+def _agree_function(subject, options) -> tuple[dict[str, dict], str, None]:
     """The bare function in float32 vs the float64 reference, unmasked, causal and padded."""
     results: dict[str, dict] = {}
     g = gen(options, 11)
@@ -138,8 +146,7 @@ def _agree_function(subject, options) -> tuple[dict[str, dict], str]:
                            ("padding", real[:, None, None, :])):
             golden = reference_attention(q, k, v, mask)
             ref = reference_attention(q.float(), k.float(), v.float(), mask)
-            ok, err, ref_err = _rule(subject.fn(q.float(), k.float(), v.float(), mask), ref, golden)
-            results[name] = {"served": True, "ok": ok, "err": err, "ref_err": ref_err}
+            results[name] = _judge(subject.fn(q.float(), k.float(), v.float(), mask), ref, golden, None)
     return results, "the function in float32 vs the float64 reference", None
 
 
