@@ -138,6 +138,16 @@ def test_gpt2_scale_switches_are_departures_layer_by_layer():
         in result.evidence, result.evidence
 
 
+def test_a_field_at_the_plain_value_is_no_departure():
+    config = zoo.config("gemma2")
+    config.query_pre_attn_scalar = config.head_dim  # Gemma 2 9B: 256 with head_dim 256, plain 1/sqrt(d)
+    model = tf.Gemma2ForCausalLM(config).eval()
+    assert "query_pre_attn_scalar" not in [d.field for d in dep.departures(model)]
+    assert "attn_logit_softcapping" in [d.field for d in dep.departures(model)]
+    result = ak.doctor.examine(model, checks=["scale"])["scale"]
+    assert result.status == "PASS" and "use 1/sqrt(d_k)" in result.evidence, result.evidence
+
+
 def test_a_probe_the_subject_cannot_take_skips_with_the_reason():
     def square_masks_only(q, k, v, mask):
         if mask is not None and mask.dim() != 2:

@@ -91,6 +91,21 @@ def _get(config, name: str):
     return getattr(config, name, None)
 
 
+def _plain_scale(config) -> float | None:
+    """1/sqrt(head_dim) of the config (``head_dim``, else ``hidden_size / num_attention_heads``), None if unknown."""
+    D = _get(config, "head_dim")
+    if not isinstance(D, int):
+        E, H = _get(config, "hidden_size"), _get(config, "num_attention_heads")
+        D = E // H if isinstance(E, int) and isinstance(H, int) and H > 0 else None
+    return None if not D else D ** -0.5
+
+
+def _departs(scale: float, config) -> bool:
+    """Whether ``scale`` differs from the config's 1/sqrt(head_dim) (Gemma 2 9B: query_pre_attn_scalar = head_dim)."""
+    plain = _plain_scale(config)
+    return plain is None or abs(scale - plain) > 1e-6 * plain
+
+
 def _layers(indices: list[int]) -> str:
     return ("layer " if len(indices) == 1 else "layers ") + ", ".join(map(str, indices))
 
@@ -100,7 +115,7 @@ def _layers(indices: list[int]) -> str:
 @departure("query_pre_attn_scalar")
 def _query_pre_attn_scalar(config, model) -> Departure | None:
     value = _get(config, "query_pre_attn_scalar")
-    if not isinstance(value, (int, float)) or value <= 0:
+    if not isinstance(value, (int, float)) or value <= 0 or not _departs(value ** -0.5, config):
         return None
     scale = value ** -0.5
     return Departure("query_pre_attn_scalar", value, f"scores scaled by query_pre_attn_scalar ** -0.5 = {scale:.4g} "
@@ -110,7 +125,7 @@ def _query_pre_attn_scalar(config, model) -> Departure | None:
 @departure("attention_multiplier")
 def _attention_multiplier(config, model) -> Departure | None:
     value = _get(config, "attention_multiplier")
-    if not isinstance(value, (int, float)) or value <= 0:
+    if not isinstance(value, (int, float)) or value <= 0 or not _departs(value, config):
         return None
     return Departure("attention_multiplier", value, f"scores scaled by attention_multiplier = {value:.4g} (Granite, "
                      "muP), not 1/sqrt(head_dim)", scale=float(value))
