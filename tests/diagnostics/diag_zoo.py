@@ -157,3 +157,26 @@ class TinyDecoder(TransformerLM):
         if self.bug == "cache-drift" and cache is not None:
             positions = torch.arange(tokens.shape[1])[None]  # forgets the cached tokens: positions restart
         return super().forward(tokens, positions=positions, cache=cache, key_is_real=key_is_real, **kwargs)
+
+
+# ------------------------------------------------------------------ a Hugging Face model with an attention of its own
+
+def hf_with_attention(model, name: str, fn):
+    """``model`` (a transformers model) switched to an attention implementation ``name`` that runs
+    ``fn(q, k, v, allowed)`` (q, k, v ``(B, H, L, D)`` with the KV heads repeated, q already scaled; ``allowed`` a bool
+    mask, True = may attend, or None when transformers builds none), registered with transformers' interfaces."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
+
+    def attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
+        G = query.shape[1] // key.shape[1]
+        key, value = key.repeat_interleave(G, 1), value.repeat_interleave(G, 1)  # (B, H, L, D)
+        allowed = None if attention_mask is None else attention_mask if attention_mask.dtype == torch.bool \
+            else attention_mask == 0  # a float mask: 0 = may attend
+        out = fn(query * scaling, key, value, allowed)  # (B, H, L, D)
+        return out.transpose(1, 2).contiguous(), None
+
+    AttentionInterface.register(name, attention)
+    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])  # a bool mask, True = may attend
+    model.set_attn_implementation(name)
+    return model

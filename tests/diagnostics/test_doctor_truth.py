@@ -130,25 +130,11 @@ def test_a_model_already_in_the_checks_dtype_is_used_as_is_and_left_as_found():
 def _hf_with_attention(name, fn):
     """hf-llama-tiny whose attention is ``fn(q, k, v, allowed)`` (q, k, v (B, H, L, D), allowed bool or None)."""
     pytest.importorskip("transformers")
-    from transformers import AttentionInterface
+    from diag_zoo import hf_with_attention
 
     from attnkit.runs import open_source
 
-    def attention(module, query, key, value, attention_mask, scaling=None, **kwargs):
-        G = query.shape[1] // key.shape[1]
-        key, value = key.repeat_interleave(G, 1), value.repeat_interleave(G, 1)  # (B, H, L, D)
-        allowed = None if attention_mask is None else attention_mask if attention_mask.dtype == torch.bool \
-            else attention_mask == 0  # transformers passes a float mask: 0 = may attend
-        out = fn(query * scaling, key, value, allowed)  # (B, H, L, D)
-        return out.transpose(1, 2).contiguous(), None
-
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, AttentionMaskInterface
-
-    AttentionInterface.register(name, attention)
-    AttentionMaskInterface.register(name, ALL_MASK_ATTENTION_FUNCTIONS["sdpa"])  # a bool mask, True = may attend
-    model = open_source("hf-llama-tiny").model
-    model.set_attn_implementation(name)
-    return model
+    return hf_with_attention(open_source("hf-llama-tiny").model, name, fn)
 
 
 def test_the_hidden_state_path_still_catches_model_bugs():

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import platform
 import re
+import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -93,3 +94,20 @@ def write_results(name: str, payload: dict, results_dir: Path | str = RESULTS_DI
               "machine": machine_info(), "versions": versions(), **payload}
     path.write_text(json.dumps(record, indent=2))
     return path
+
+
+def src_dir() -> Path:
+    """The ``src/`` folder this attnkit is imported from (what a fresh process puts on PYTHONPATH to run it)."""
+    import attnkit
+
+    return Path(attnkit.__file__).resolve().parents[1]
+
+
+def export_revision(rev: str, into: Path) -> Path:
+    """``git archive REV src/attnkit`` of the checkout this attnkit comes from, unpacked into ``into``; returns the
+    ``src/`` folder to put on PYTHONPATH (suites with ``--baseline REV`` run the old code beside the current one)."""
+    archive = subprocess.run(["git", "-C", str(src_dir().parent), "archive", rev, "src/attnkit"], check=True,
+                             capture_output=True).stdout
+    Path(into).mkdir(parents=True, exist_ok=True)
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return Path(into) / "src"

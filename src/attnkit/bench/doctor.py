@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from attnkit.bench.common import RESULTS_DIR, write_results
+from attnkit.bench.common import RESULTS_DIR, export_revision, write_results
 
 SUMMARY = "end-to-end time of attnkit doctor (tiny, MiniLM, a 12-layer GPT-2), its report and train --overfit"
 
@@ -111,20 +111,12 @@ def run_once(argv: list[str], src: Path | None) -> dict:
             "stderr_tail": done.stderr[-300:] if done.returncode not in (0, 1) else ""}
 
 
-def export_src(rev: str, where: Path) -> Path:
-    """attnkit's ``src/`` at git revision ``rev``, exported into ``where``."""
-    archive = subprocess.run(["git", "archive", rev, "src"], check=True, capture_output=True).stdout
-    where.mkdir(parents=True, exist_ok=True)
-    subprocess.run(["tar", "-x", "-C", str(where)], input=archive, check=True)
-    return where / "src"
-
-
 def run(args) -> int:
     current_src = Path(__file__).resolve().parents[2]
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory(prefix="attnkit_bench_doctor_") as tmp:
         work = Path(tmp)
-        baseline_src = export_src(args.baseline, work / "baseline") if args.baseline else None
+        baseline_src = export_revision(args.baseline, work / "baseline") if args.baseline else None
         baseline = None if not args.baseline else subprocess.run(
             ["git", "rev-parse", "--short", args.baseline], check=True, capture_output=True, text=True).stdout.strip()
         baseline_cases = set(args.baseline_cases or args.cases) if baseline_src else set()

@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from attnkit._progress import progress
-from attnkit.bench.common import RESULTS_DIR, write_results
+from attnkit.bench.common import RESULTS_DIR, export_revision, src_dir, write_results
 
 SUMMARY = "size and time to interactive of the HTML report in headless Chromium (12 layers x 12 heads)"
 
@@ -79,21 +79,6 @@ path = report(model, tokens, out=out, doctor=False, top_k=top_k, dense_max=dense
 print(json.dumps({"write_s": time.perf_counter() - start, "cpu_s": time.process_time() - cpu,
                   "bytes": path.stat().st_size}))
 """
-
-
-def _src_dir() -> Path:
-    import attnkit
-
-    return Path(attnkit.__file__).resolve().parents[1]
-
-
-def export_revision(rev: str, into: Path) -> Path:
-    """``git archive REV src/attnkit`` of the checkout this attnkit comes from, unpacked into ``into``."""
-    repo = _src_dir().parent
-    archive = subprocess.run(["git", "-C", str(repo), "archive", rev, "src/attnkit"], check=True,
-                             capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
-    return into / "src"
 
 
 def time_write(src: Path, args, n: int, sharpen: float, out: Path, threads: int = 0) -> dict:
@@ -185,7 +170,7 @@ def run(args: argparse.Namespace) -> int:
                 for _ in range(args.repeats if n <= args.dense_max else args.repeats_long):
                     if baseline is not None:
                         olds.append(time_write(baseline, args, n, sharpen, tmp / f"baseline_{n}.html", threads))
-                    news.append(time_write(_src_dir(), args, n, sharpen, path, threads))
+                    news.append(time_write(src_dir(), args, n, sharpen, path, threads))
                 new, old = _summary(news), _summary(olds)
                 pages = driver is not None and threads == args.threads[0]  # the page does not depend on the threads
                 ttis = [time_to_interactive(driver, path) for _ in range(args.loads)] if pages else []

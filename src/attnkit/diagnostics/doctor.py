@@ -27,11 +27,13 @@ from dataclasses import asdict, dataclass, field
 import torch
 
 from attnkit.diagnostics.checks import FAIL, INFO, PASS, REGISTRY, SKIP, WARN, Options, Skip, names
+from attnkit.diagnostics.checks.base import plain_call_error
 from attnkit.diagnostics.subjects import TokenAdapter, make_subject
 from attnkit.errors import AttnkitValueError
 
 #: what the checks run on, unless a check's evidence says otherwise (attention-health on the user's text)
-PROBES = "seeded random probes (2 x 8 tokens or inputs; float64 where outputs are compared) unless a line says otherwise"
+PROBES = ("seeded random probes (2 x 8 tokens or inputs; float64 where outputs are compared, or the most precise dtype "
+          "the model runs) unless a line says otherwise")
 
 
 @dataclass
@@ -161,18 +163,38 @@ def examine(subject, *, checks: Sequence[str] | None = None, skip: Sequence[str]
 
 
 def _run_check(check_name: str, wrapped, options: Options) -> CheckResult:
-    """One registered check on the wrapped subject, timed: a ``Skip`` skips it, a subject that crashes fails it."""
+    """One registered check on the wrapped subject, timed: a ``Skip`` skips it; an error inside it is never evidence
+    of what the check looks for: it SKIPs naming the error when the subject runs a plain call (the probe asked for
+    something it can't take), and FAILs only when the subject raises on a plain call too (:func:`_crashed`)."""
     chk = REGISTRY[check_name]
     start = time.perf_counter()
+    fix = chk.fix
     try:
         outcome = chk.run(wrapped, options)
         status, evidence, details = outcome.status, outcome.evidence, outcome.details
     except Skip as why:
         status, evidence, details = SKIP, str(why), {}
-    except Exception as exc:  # noqa: BLE001 - a subject that crashes under a check fails it
-        status, evidence, details = FAIL, f"raised {type(exc).__name__}: {str(exc).splitlines()[0][:160]}", {}
-    return CheckResult(check_name, status, evidence, chk.fix if status == FAIL else "",
+    except Exception as exc:  # noqa: BLE001 - the subject or the probe raised: say which
+        status, evidence, fix = _crashed(wrapped, options, exc)
+        details = {"raised": f"{type(exc).__name__}: {exc}"[:500]}
+    return CheckResult(check_name, status, evidence, fix if status == FAIL else "",
                        round(time.perf_counter() - start, 3), details)
+
+
+def _crashed(wrapped, options: Options, exc: Exception) -> tuple[str, str, str]:
+    """(status, evidence, fix) of a check that raised ``exc``."""
+    raised = f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+    memo = wrapped.notes.setdefault("plain_call", {})
+    if "error" not in memo:
+        memo["error"] = plain_call_error(wrapped, options)
+    if memo["error"] is None:
+        return SKIP, (f"could not run: its probe raised {raised} (a plain call of the subject runs: the probe asks for "
+                      "an input, a dtype or a part this subject does not take)"), ""
+    return FAIL, f"the subject raises on a plain call: {memo['error']} (this check raised {raised})", CRASH_FIX
+
+
+CRASH_FIX = ("The subject raises on a plain call in its own dtype (no mask, no cache, no padding): fix that first; "
+             "no check can say anything about a subject that does not run.")
 
 
 __all__ = ["examine", "Report", "CheckResult", "PASS", "WARN", "FAIL", "INFO", "SKIP"]

@@ -2,7 +2,9 @@
 
 A check is a function ``run(subject, options) -> Outcome`` registered with :func:`check` under a stable name
 and the fix from the pitfall checklist. It raises :class:`Skip` with the reason when the subject lacks what it
-needs. Comparisons run in float64 so that a leak (changed outputs) is told apart from rounding noise.
+needs. Comparisons run in float64 so that a leak (changed outputs) is told apart from rounding noise; a model
+that refuses float64 (a layer's kernel takes float32 / bfloat16 / float16 only) is compared in the most precise
+dtype it runs (:func:`precise`), by that dtype's tolerance (:func:`tolerance`), and the evidence says so.
 
 Shape legend: B batch, H heads, L length, E embed_dim, D head_dim, V vocab size.
 """
@@ -14,6 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from attnkit._tolerance import floor_for
 from attnkit.errors import AttnkitValueError
 
 PASS, WARN, FAIL, SKIP = "PASS", "WARN", "FAIL", "SKIP"
@@ -111,10 +114,19 @@ def max_diff(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a.double() - b.double()).abs().max()) if a.numel() else 0.0
 
 
+#: a float64 comparison allows this much relative change: user code may compute in float32 inside
+F64_RELATIVE = 2e-5
+#: in another dtype a change of up to this many rounding floors (``attnkit._tolerance.floor_for``: 4 eps(T)
+#: max(1, |ref|)) counts as unchanged: ~1e-4 relative in float32, the rounding a deep model's layers compound when a
+#: kernel regroups rows (a mixture of experts routes other tokens with them)
+NOISE_FLOORS = 200
+
+
 def tolerance(ref: torch.Tensor) -> float:
-    """What counts as "unchanged" for a float64 comparison of outputs of different shapes/kernels."""
-    eps = 2e-5 if ref.dtype == torch.float64 else 1e-4  # float64 runs; user code may compute in float32 inside
-    return eps * max(1.0, float(ref.detach().abs().max()) if ref.numel() else 1.0)
+    """What counts as "unchanged" when comparing outputs of different shapes/kernels, by ``ref``'s dtype."""
+    if ref.dtype == torch.float64:
+        return F64_RELATIVE * max(1.0, float(ref.detach().abs().max()) if ref.numel() else 1.0)
+    return NOISE_FLOORS * floor_for(ref.dtype, ref)
 
 
 def all_finite(t: torch.Tensor) -> bool:
@@ -179,3 +191,76 @@ def run_main(subject, inputs, *, causal: bool = True) -> torch.Tensor:
         return subject.lm.per_position(inputs)  # (B, L, E|V): the head adds nothing these checks look at
     L = inputs.shape[1]
     return subject.seq(inputs, causal_mask(L, inputs.device) if causal else None)
+
+
+# ------------------------------------------------------------------------------------------ probe precision
+
+#: the dtypes a model-level probe tries, most precise first (then the model's own, when it is another)
+PRECISIONS = (torch.float64, torch.float32)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """The subject cast to the dtype the checks compare in, and what the evidence says about it."""
+
+    subject: object
+    dtype: torch.dtype
+    #: "" in float64; else which dtypes the model refused and why (appended to the evidence)
+    note: str = ""
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def own_dtype(subject) -> torch.dtype:
+    module = subject.module
+    p = next((t for t in module.parameters() if t.is_floating_point()), None) if module is not None else None
+    return p.dtype if p is not None else torch.float32
+
+
+def precise(subject, options: Options) -> Probe:
+    """The subject in the most precise dtype it runs a plain forward in: float64, else float32, else its own dtype
+    (memoised on the subject). A subject without a module (a bare function) is probed in float64 as it is. When
+    every dtype raises, the last one's error propagates: the subject does not run at all."""
+    memo = subject.notes.setdefault("precise", {})
+    if "probe" not in memo:
+        memo["probe"] = _first_that_runs(subject, options)
+    return memo["probe"]
+
+
+def _first_that_runs(subject, options: Options) -> Probe:
+    if subject.module is None or subject.rebuild is None:
+        return Probe(subject, torch.float64)
+    refused: list[str] = []
+    *others, last = list(PRECISIONS) + [d for d in (own_dtype(subject),) if d not in PRECISIONS]
+    for dtype in others:
+        try:
+            s = _runs_in(subject, dtype, options)
+        except Exception as exc:  # noqa: BLE001 - a layer that refuses this dtype: try the next one
+            subject._casts.pop(dtype, None)  # don't keep a copy the checks can't use
+            refused.append(f"{dtype_name(dtype)} refused: {type(exc).__name__}: {str(exc).splitlines()[0][:80]}")
+            continue
+        return Probe(s, dtype, f" (compared in {dtype_name(dtype)}: {'; '.join(refused)})" if refused else "")
+    return Probe(_runs_in(subject, last, options), last, f" (compared in {dtype_name(last)}: {'; '.join(refused)})")
+
+
+def _runs_in(subject, dtype: torch.dtype, options: Options):
+    """The subject cast to ``dtype`` after a plain forward in it ran (raises what the forward raised)."""
+    s = subject.cast(dtype)
+    with torch.no_grad():
+        run_main(s, sample_inputs(s, options, dtype=dtype))
+    return s
+
+
+def plain_call_error(subject, options: Options) -> str | None:
+    """None when the subject runs a plain call (its own dtype, no mask, no cache, no padding); else the error."""
+    try:
+        with torch.no_grad():
+            if subject.lm is not None or subject.seq is not None:
+                run_main(subject, sample_inputs(subject, options, dtype=own_dtype(subject)))
+            elif subject.fn is not None:
+                subject.fn(*fn_inputs(options, dtype=torch.float32), None)
+    except Exception as exc:  # noqa: BLE001 - the answer is the error
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:160] if str(exc) else ''}"
+    return None

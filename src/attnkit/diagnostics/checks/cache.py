@@ -17,6 +17,7 @@ from attnkit.diagnostics.checks.base import (
     gen,
     max_diff,
     model_device,
+    precise,
     tokens_for,
     tolerance,
 )
@@ -43,7 +44,8 @@ def kv_cache(subject, options) -> Outcome:
     lm = subject.lm
     if lm is None or lm.new_cache is None:
         raise Skip("needs a causal token model with a cache (model.new_cache(batch))")
-    s = subject.cast(torch.float64)
+    probe = precise(subject, options)
+    s = probe.subject
     lm = s.lm
     try:
         lm.new_cache(1)
@@ -68,8 +70,9 @@ def kv_cache(subject, options) -> Outcome:
     if bad:
         worst = max(bad, key=results.get)
         return Outcome(FAIL, f"cached decoding drifts from the full forward: {worst} differs by {results[worst]:.2e} "
-                       f"from position {where[worst]} on (tol {tol:.0e})", details)
-    return Outcome(PASS, f"{', '.join(results)} equal the full forward (max {max(results.values()):.1e})", details)
+                       f"from position {where[worst]} on (tol {tol:.0e}){probe.note}", details)
+    return Outcome(PASS, f"{', '.join(results)} equal the full forward (max {max(results.values()):.1e}){probe.note}",
+                   details)
 
 
 def _chunks(L: int) -> list[int]:

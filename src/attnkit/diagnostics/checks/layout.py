@@ -8,7 +8,19 @@ from __future__ import annotations
 
 import torch
 
-from attnkit.diagnostics.checks.base import FAIL, PASS, Outcome, Skip, check, fn_inputs, gen, max_diff, tolerance, x_inputs
+from attnkit.diagnostics.checks.base import (
+    FAIL,
+    PASS,
+    Outcome,
+    Skip,
+    check,
+    fn_inputs,
+    gen,
+    max_diff,
+    precise,
+    tolerance,
+    x_inputs,
+)
 from attnkit.diagnostics.subjects import attnkit_attention_modules, module_subject
 
 
@@ -27,8 +39,10 @@ def layout(subject, options) -> Outcome:
         name, module = inner[0]
         subject, where = module_subject(module), f" (attention module {name})"
     if subject.seq is not None:
-        s = subject.cast(torch.float64)
-        x = x_inputs(s, options, L)
+        probe = precise(subject, options)
+        s = probe.subject
+        x = x_inputs(s, options, L, dtype=probe.dtype)
+        where += probe.note
         with torch.no_grad():
             if s.seq_positions:  # token i of the permuted input is token perm[i], at position perm[i]
                 out = s.seq(x, None, positions=torch.arange(L, device=x.device)[None])

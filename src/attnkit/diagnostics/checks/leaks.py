@@ -1,7 +1,9 @@
 """Information leaks: causal (the future), padding (pad contents and amount), packing (other documents).
 
-Each check changes what must not matter and measures, in float64, how much the outputs that must not see
-it moved. Shape legend: B batch, H heads, L length, E embed_dim, D head_dim, V vocab size.
+Each check changes what must not matter and measures, in float64 (or the most precise dtype the model runs:
+``base.precise``), how much the outputs that must not see it moved.
+
+Shape legend: B batch, H heads, L length, E embed_dim, D head_dim, V vocab size.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from torch import nn
 
 from attnkit.diagnostics.checks.base import (
     FAIL,
+    INFO,
     PASS,
     WARN,
     Outcome,
@@ -24,12 +27,12 @@ from attnkit.diagnostics.checks.base import (
     gen,
     max_diff,
     model_device,
+    precise,
     tokens_for,
     tolerance,
     x_inputs,
 )
-
-F64 = torch.float64
+from attnkit.diagnostics.departures import LEFT_PADDING, untested
 
 
 @contextlib.contextmanager
@@ -53,16 +56,18 @@ def embedding_probe(module: nn.Module, tokens_shape: torch.Size):
             h.remove()
 
 
-def _verdict(past: float, future: float, grad: float | None, tol: float, where: int | None, what: str) -> Outcome:
+def _verdict(past: float, future: float, grad: float | None, tol: float, where: int | None, what: str,
+             note: str = "") -> Outcome:
     grad_text = "" if grad is None else f", max |d earlier / d future| {grad:.1e}"
     details = {"past_change": past, "future_change": future, "future_grad": grad, "tol": tol}
     if past > tol or (grad is not None and grad > tol):
         at = f" first at position {where}" if where is not None else ""
-        return Outcome(FAIL, f"{what}: earlier outputs changed by {past:.2e}{at}{grad_text} (tol {tol:.0e})", details)
-    if future <= tol:
-        return Outcome(WARN, f"outputs do not depend on their own inputs at all (change {future:.1e}): check is vacuous",
+        return Outcome(FAIL, f"{what}: earlier outputs changed by {past:.2e}{at}{grad_text} (tol {tol:.0e}){note}",
                        details)
-    return Outcome(PASS, f"changing tokens >= t leaves outputs < t unchanged ({past:.1e}){grad_text}", details)
+    if future <= tol:
+        return Outcome(WARN, f"outputs do not depend on their own inputs at all (change {future:.1e}): check is vacuous"
+                       + note, details)
+    return Outcome(PASS, f"changing tokens >= t leaves outputs < t unchanged ({past:.1e}){grad_text}{note}", details)
 
 
 @check("causal-leak", "causal leak",
@@ -74,7 +79,8 @@ def causal_leak(subject, options) -> Outcome:
     if subject.lm is not None:
         if not subject.lm.causal:
             raise Skip("bidirectional encoder: causality does not apply")
-        s = subject.cast(F64)
+        probe = precise(subject, options)
+        s = probe.subject
         g = gen(options, 1)
         tokens = tokens_for(s.lm.vocab_size, options.batch, L, g, model_device(s))
         changed = tokens.clone()
@@ -91,21 +97,23 @@ def causal_leak(subject, options) -> Outcome:
         tol = tolerance(out)
         what = "hidden states" if s.lm.hidden is not None else "logits"
         return _verdict(max_diff(out[:, :t], out2[:, :t]), max_diff(out[:, t:], out2[:, t:]), grad, tol,
-                        first_bad_position(out[:, :t], out2[:, :t], 1, tol), f"future tokens leak into earlier {what}")
+                        first_bad_position(out[:, :t], out2[:, :t], 1, tol), f"future tokens leak into earlier {what}",
+                        probe.note)
     if subject.seq is not None:
-        s = subject.cast(F64)
-        x = x_inputs(s, options, L).requires_grad_(True)
+        probe = precise(subject, options)
+        s = probe.subject
+        x = x_inputs(s, options, L, dtype=probe.dtype).requires_grad_(True)
         mask = causal_mask(L, x.device)
         out = s.seq(x, mask)
         out[:, :t].sum().backward()
         changed = x.detach().clone()
-        changed[:, t:] = x_inputs(s, options, L - t, offset=2)
+        changed[:, t:] = x_inputs(s, options, L - t, offset=2, dtype=probe.dtype)
         out2 = s.seq(changed, mask).detach()
         out = out.detach()
         tol = tolerance(out)
         return _verdict(max_diff(out[:, :t], out2[:, :t]), max_diff(out[:, t:], out2[:, t:]),
                         float(x.grad[:, t:].abs().max()), tol, first_bad_position(out[:, :t], out2[:, :t], 1, tol),
-                        "with a causal mask, future inputs leak into earlier outputs")
+                        "with a causal mask, future inputs leak into earlier outputs", probe.note)
     if subject.fn is not None:
         q, k, v = (a.requires_grad_(True) for a in fn_inputs(options))
         mask = causal_mask(L)
@@ -126,31 +134,43 @@ def causal_leak(subject, options) -> Outcome:
 
 # --------------------------------------------------------------------------------------------- padding
 
-def _padding_outcome(results: dict[str, float], tol: float, notes: list[str]) -> Outcome:
+def _padding_outcome(results: dict[str, float], tol: float, notes: list[str], spared: list[str] = ()) -> Outcome:
+    """FAIL on any change over ``tol``; INFO when a departure of the config spared a probe (``spared``: why)."""
     bad = {k: v for k, v in results.items() if v > tol}
     extra = f" ({'; '.join(notes)})" if notes else ""
+    details = {"changes": results, "tol": tol, "not_compared": list(spared)}
     if bad:
         worst = max(bad, key=bad.get)
         return Outcome(FAIL, f"padding leaks into real outputs: {worst} changes them by {bad[worst]:.2e} (tol {tol:.0e})"
-                       + extra, {"changes": results, "tol": tol})
-    return Outcome(PASS, f"real outputs unchanged by {', '.join(results)} (max {max(results.values()):.1e}){extra}",
-                   {"changes": results, "tol": tol})
+                       + extra, details)
+    text = f"real outputs unchanged by {', '.join(results)} (max {max(results.values()):.1e}){extra}"
+    if spared:
+        return Outcome(INFO, text + "; " + "; ".join(spared), details)
+    return Outcome(PASS, text, details)
 
 
 def _padding_lm(subject, options) -> Outcome:
-    """A token model: real tokens alone vs padded right (and left, with positions that skip the pads)."""
+    """A token model: real tokens alone vs padded right (and left, with positions that skip the pads). Positions
+    are passed to every run when the model takes them, so a model that derives positions from which tokens are
+    padding (RoBERTa) is compared at the same positions: the probe changes the padding, never the positions."""
     n = options.seq_len - 2  # real tokens
     notes: list[str] = []
     results: dict[str, float] = {}
-    s = subject.cast(F64)
+    probe = precise(subject, options)
+    s = probe.subject
     g = gen(options, 4)
     dev = model_device(s)
     tokens = tokens_for(s.lm.vocab_size, options.batch, n, g, dev)
+    takes = s.lm.supports_positions
+
+    def run(ids, key_is_real=None, positions=None):
+        if takes and positions is None:
+            positions = torch.arange(ids.shape[1], device=dev)[None]  # (1, L)
+        return s.lm.per_position(ids, key_is_real=key_is_real, positions=positions if takes else None)
+
     with torch.no_grad():
-        base = s.lm.per_position(tokens)  # (B, n, E|V)
-    sides = ("right", "left") if s.lm.supports_positions else ("right",)
-    if not s.lm.supports_positions:
-        notes.append("left padding not tested: the model takes no positions")
+        base = run(tokens)  # (B, n, E|V)
+    sides, spared = _sides(subject, takes, notes)
     with torch.no_grad():
         for side in sides:
             for p in (2, 3):  # amounts of padding, random pad contents each time
@@ -158,15 +178,25 @@ def _padding_lm(subject, options) -> Outcome:
                 real = torch.ones(options.batch, n, dtype=torch.bool, device=dev)
                 fake = torch.zeros(options.batch, p, dtype=torch.bool, device=dev)
                 if side == "right":
-                    out = s.lm.per_position(torch.cat([tokens, pads], 1),
-                                            key_is_real=torch.cat([real, fake], 1))[:, :n]
+                    out = run(torch.cat([tokens, pads], 1), torch.cat([real, fake], 1))[:, :n]
                 else:
                     key_is_real = torch.cat([fake, real], 1)  # (B, p + n)
                     positions = (key_is_real.long().cumsum(1) - 1).clamp_min(0)  # (B, p + n)
-                    out = s.lm.per_position(torch.cat([pads, tokens], 1), key_is_real=key_is_real,
-                                            positions=positions)[:, p:]
+                    out = run(torch.cat([pads, tokens], 1), key_is_real, positions)[:, p:]
                 results[f"{side} padding x{p}"] = max_diff(out, base)
-    return _padding_outcome(results, tolerance(base), notes)
+    if probe.note:
+        notes.append(probe.note.strip(" ()"))
+    return _padding_outcome(results, tolerance(base), notes, spared)
+
+
+def _sides(subject, takes_positions: bool, notes: list[str]) -> tuple[tuple[str, ...], list[str]]:
+    """The sides to pad a token model on, and why left padding is not compared when a departure says so."""
+    if not takes_positions:
+        notes.append("left padding not tested: the model takes no positions")
+        return ("right",), []
+    spared = [f"left padding not compared: {d.untested[LEFT_PADDING]}"
+              for d in untested(subject.module, LEFT_PADDING)] if subject.module is not None else []
+    return (("right",) if spared else ("right", "left")), spared
 
 
 def _padding_seq(subject, options) -> Outcome:
@@ -174,14 +204,15 @@ def _padding_seq(subject, options) -> Outcome:
     n = options.seq_len - 2  # real tokens
     notes: list[str] = []
     results: dict[str, float] = {}
-    s = subject.cast(F64)
-    x = x_inputs(s, options, n)
+    probe = precise(subject, options)
+    s = probe.subject
+    x = x_inputs(s, options, n, dtype=probe.dtype)
     base = s.seq(x, None).detach()
     with torch.no_grad():
         for side in ("right", "left"):
             amounts = (2, 3) if side == "right" or s.seq_positions else (2, 2)
             for i, p in enumerate(amounts):
-                pads = x_inputs(s, options, p, offset=10 + i)
+                pads = x_inputs(s, options, p, offset=10 + i, dtype=probe.dtype)
                 real = torch.ones(options.batch, n, dtype=torch.bool, device=x.device)
                 fake = torch.zeros(options.batch, p, dtype=torch.bool, device=x.device)
                 is_real = torch.cat([real, fake] if side == "right" else [fake, real], 1)  # (B, n + p)
@@ -197,6 +228,8 @@ def _padding_seq(subject, options) -> Outcome:
                     max_diff(out, base)
     if not s.seq_positions:
         notes.append("left padding amount not varied: the module takes no positions")
+    if probe.note:
+        notes.append(probe.note.strip(" ()"))
     return _padding_outcome(results, tolerance(base), notes)
 
 
@@ -247,7 +280,8 @@ def packing_leak(subject, options) -> Outcome:
     if subject.lm is not None:
         if not subject.lm.supports_doc_ids:
             raise Skip("the model takes no document ids (doc_ids=), so packed rows can't be expressed")
-        s = subject.cast(F64)
+        probe = precise(subject, options)
+        s = probe.subject
         dev = model_device(s)
         tokens = tokens_for(s.lm.vocab_size, options.batch, a + b, gen(options, 5), dev)
         positions = torch.cat([torch.arange(a), torch.arange(b)]).to(dev)[None]  # (1, L): restart per document
@@ -255,8 +289,9 @@ def packing_leak(subject, options) -> Outcome:
             packed = s.lm.per_position(tokens, positions=positions, doc_ids=doc_ids.to(dev).expand(options.batch, -1))
             alone = torch.cat([s.lm.per_position(tokens[:, :a]), s.lm.per_position(tokens[:, a:])], 1)
     elif subject.seq is not None:
-        s = subject.cast(F64)
-        x = x_inputs(s, options, a + b)
+        probe = precise(subject, options)
+        s = probe.subject
+        x = x_inputs(s, options, a + b, dtype=probe.dtype)
         mask = same_doc.to(x.device)
         with torch.no_grad():
             if s.seq_positions:
@@ -266,6 +301,7 @@ def packing_leak(subject, options) -> Outcome:
                 packed = s.seq(x, mask)
             alone = torch.cat([s.seq(x[:, :a], None), s.seq(x[:, a:], None)], 1)
     elif subject.fn is not None:
+        probe = precise(subject, options)
         q, k, v = fn_inputs(options)
         with torch.no_grad():
             packed = subject.fn(q, k, v, same_doc)
@@ -276,6 +312,6 @@ def packing_leak(subject, options) -> Outcome:
     err, tol = max_diff(packed, alone), tolerance(alone)
     details = {"change": err, "tol": tol, "docs": [a, b]}
     if err > tol:
-        return Outcome(FAIL, f"packed documents ({a}+{b} tokens) differ from each run alone by {err:.2e} (tol {tol:.0e})",
-                       details)
-    return Outcome(PASS, f"2 packed documents ({a}+{b} tokens) equal each run alone ({err:.1e})", details)
+        return Outcome(FAIL, f"packed documents ({a}+{b} tokens) differ from each run alone by {err:.2e} (tol {tol:.0e})"
+                       + probe.note, details)
+    return Outcome(PASS, f"2 packed documents ({a}+{b} tokens) equal each run alone ({err:.1e}){probe.note}", details)

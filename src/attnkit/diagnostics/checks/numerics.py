@@ -10,6 +10,8 @@ Shape legend: B batch, H heads, Lq/Lk lengths, D head_dim.
 from __future__ import annotations
 
 import math
+import sys
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -17,6 +19,7 @@ from torch import nn
 from attnkit.diagnostics.capture import capture
 from attnkit.diagnostics.checks.base import (
     FAIL,
+    INFO,
     PASS,
     Options,
     Outcome,
@@ -32,6 +35,7 @@ from attnkit.diagnostics.checks.base import (
     tokens_for,
 )
 from attnkit.diagnostics.checks.leaks import embedding_probe
+from attnkit.diagnostics.departures import intended_scale, scale_text
 
 
 def identity_values(B: int, H: int, Lk: int, D: int, dtype=torch.float64) -> torch.Tensor:
@@ -71,18 +75,32 @@ def measure_scale(fn, head_dim: int, delta: float = 2.0) -> float:
     return math.log(float(p[0]) / float(p[1])) / delta
 
 
-def _hf_scales(s, options: Options) -> list[tuple[str, float, int]]:
-    """(layer, scaling, head_dim) of every attention call of a Hugging Face model, read through a pass-through
-    attention implementation registered with ``transformers.AttentionInterface``."""
+class Call(NamedTuple):
+    """One observed attention call: its layer's name, the scale it used, its head dim and its layer index (HF)."""
+
+    layer: str
+    scale: float
+    head_dim: int
+    index: int | None = None
+
+
+def _hf_scales(s, options: Options) -> list[Call]:
+    """(layer, scaling, head_dim, layer index) of every attention call of a Hugging Face model, read through a pass-through
+    attention implementation registered with ``transformers.AttentionInterface``. The call goes on to the model's own
+    eager attention (its modelling file's ``eager_attention_forward``: softcapping, sinks and whatever else the family
+    passes are served as the family serves them), else to SDPA."""
     from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, AttentionInterface
 
-    seen: list[tuple[str, float, int]] = []
-    inner = ALL_ATTENTION_FUNCTIONS["sdpa"]
+    seen: list[Call] = []
 
     def observe(module, query, key, value, attention_mask, scaling=None, **kwargs):
         D = query.shape[-1]
-        seen.append((type(module).__name__ + f"#{len(seen)}", 1 / math.sqrt(D) if scaling is None else float(scaling), D))
-        return inner(module, query, key, value, attention_mask, scaling=scaling, **kwargs)
+        index = getattr(module, "layer_idx", None)
+        seen.append(Call(type(module).__name__ + f"#{len(seen)}", 1 / math.sqrt(D) if scaling is None else float(scaling),
+                         D, index if isinstance(index, int) else None))
+        inner = getattr(sys.modules.get(type(module).__module__), "eager_attention_forward", None)
+        return (inner or ALL_ATTENTION_FUNCTIONS["sdpa"])(module, query, key, value, attention_mask, scaling=scaling,
+                                                          **kwargs)
 
     AttentionInterface.register("attnkit_doctor", observe)
     model = s.module
@@ -115,26 +133,50 @@ def scale(subject, options) -> Outcome:
         details["measured"] = measured
         status, text = classify_scale(measured, options.head_dim)
         found.append((status, f"{subject.fn_note}: {text}"))
-    s = subject.cast(torch.float32) if subject.module is not None else None
-    calls: list[tuple[str, float, int]] = []
-    if s is not None and subject.kind == "huggingface":
-        calls = _hf_scales(s, options)
-    elif s is not None and (s.seq is not None or s.lm is not None):  # any calls into attnkit.attention
-        with torch.no_grad(), capture(s.module, rows=[-1]) as cap:
-            run_main(s, sample_inputs(s, options))
-        calls = [(r.layer, r.scale, r.head_dim) for r in cap.records]
-    for layer, used, D in calls:
-        status, text = classify_scale(used, D)
-        if status != PASS:
-            found.append((status, f"layer {layer}: {text}"))
+    calls = _model_scales(subject, options)
+    intended = intended_scale(subject.module) if subject.module is not None else None
+    verdicts = [_call_verdict(call, intended) for call in calls]
+    found += [(status, f"layer {call.layer}: {text}") for call, (status, text) in zip(calls, verdicts) if status == FAIL]
     if calls:
-        details["calls"] = [{"layer": c[0], "scale": c[1], "head_dim": c[2]} for c in calls]
-        if all(classify_scale(c[1], c[2])[0] == PASS for c in calls):
+        details["calls"] = [{"layer": c.layer, "scale": c.scale, "head_dim": c.head_dim} for c in calls]
+        if intended is not None:
+            details["intended"] = intended.line()
+        n_intended = sum(status == INFO for status, _ in verdicts)
+        if n_intended and all(status != FAIL for status, _ in verdicts):
+            found.append((INFO, f"{n_intended} of {len(calls)} attention calls use "
+                          + next(text for status, text in verdicts if status == INFO)))
+        elif all(status == PASS for status, _ in verdicts):
             found.append((PASS, f"{len(calls)} attention calls of the model use 1/sqrt(d_k)"))
     if not found:
         raise Skip("needs the attention function (q, k) or a model whose attention calls can be observed")
-    bad = [f for f in found if f[0] != PASS]
-    return Outcome(FAIL if bad else PASS, "; ".join(t for _, t in (bad or found)), details)
+    bad = [f for f in found if f[0] == FAIL]
+    status = FAIL if bad else INFO if any(f[0] == INFO for f in found) else PASS
+    return Outcome(status, "; ".join(t for _, t in (bad or found)), details)
+
+
+def _model_scales(subject, options) -> list[Call]:
+    """Every attention call of the subject's model (none for a bare function)."""
+    if subject.module is None or (subject.seq is None and subject.lm is None):
+        return []
+    s = subject.cast(torch.float32)
+    if subject.kind == "huggingface":
+        return _hf_scales(s, options)
+    with torch.no_grad(), capture(s.module, rows=[-1]) as cap:  # any calls into attnkit.attention
+        run_main(s, sample_inputs(s, options))
+    return [Call(r.layer, r.scale, r.head_dim) for r in cap.records]
+
+
+def _call_verdict(call: Call, intended) -> tuple[str, str]:
+    """(status, text) of one call's scale: 1/sqrt(d_k) PASSes unless the config intends another scale; the scale the
+    config intends is INFO (naming its field; PASS when it is 1/sqrt(d_k) too); any other scale FAILs."""
+    status, text = classify_scale(call.scale, call.head_dim)
+    meant = None if intended is None else intended.scale_at(call.index)
+    if meant is None:
+        return status, text
+    if abs(call.scale - meant) <= 1e-3 * meant:
+        return (PASS, text) if status == PASS else (INFO, scale_text(intended, call.head_dim, meant))
+    why = "the config's field is ignored" if status == PASS else text
+    return FAIL, f"scale {call.scale:.4g} is not the {meant:.4g} that config.{intended.field}={intended.value!r} sets ({why})"
 
 
 # ----------------------------------------------------------------------------------------- mask placement
