@@ -28,6 +28,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	@sh scripts/install-test-browser.sh
+	@sh scripts/install-test-postgres.sh
 	$(PY) -m pytest -n 2 -q
 
 lint: $(STAMP)

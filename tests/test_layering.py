@@ -25,7 +25,7 @@ LEVELS = {
     "nn": 3,
     "models": 4, "integrations": 4, "distributed": 4,
     "runs": 5, "training": 5,
-    "diagnostics": 6,
+    "diagnostics": 6, "sweep": 6,
     "bench": 7, "labs": 7,
     "cli": 8, "__main__": 8, "__init__": 8,
 }

@@ -13,7 +13,7 @@ from attnkit.labs.harness import IGNORE, copy_batch, recall_batch
 from attnkit.labs.report import FAILS, HOLDS, MIXED, Claim, check_out_folder
 
 VERDICTS = {HOLDS, FAILS, MIXED, "not measured"}
-EXPECTED = {"scale", "mask", "positions", "long-range", "heads", "efficient", "pitfalls"}
+EXPECTED = {"scale", "mask", "positions", "long-range", "heads", "efficient", "pitfalls", "procedure"}
 
 
 def _numbers(value):

@@ -15,14 +15,15 @@ FLAGS = {"doctor": "--no-doctor"}
 #: the Python names the messages use that are command-line flags (``name=`` in a message becomes the flag)
 NAMES = ("run_dir", "resume", "init_from", "overwrite", "out", "hf", "device", "data", "seq_len", "max_new_tokens",
          "max_tokens", "dense_max", "doctor", "overfit", "monitor", "grad_checkpointing", "quick", "keep", "ids",
-         "threads")
+         "threads", "space", "minutes", "trials", "trial_steps", "seeds", "workers", "storage", "study", "join",
+         "grid", "preset", "heartbeat_s")
 #: per command, Python names whose flag is another word (``convert_folder(path=...)`` is ``convert --hf``)
 COMMANDS = {"convert": {"path": "--hf"}}
 #: flags whose value is a plain word, shown unquoted (``device='cpu'`` -> ``--device cpu``)
 WORDS = {"device"}
 #: switches: ``name=True`` is the flag alone (``doctor=False`` is ``--no-doctor``)
 SWITCHES = {"overwrite": "True", "overfit": "True", "grad_checkpointing": "True", "quick": "True",
-            "doctor": "False"}
+            "doctor": "False", "join": "True", "grid": "True"}
 
 #: what follows a name in a message: its value (a switch, a quoted string or a number), or nothing
 _VALUE = r"=(True|False|'[^']*'|\d+)?"
