@@ -111,9 +111,10 @@ class Source:
         return self.target.metrics
 
 
-def locate(target: str) -> Target:
+def locate(target: str, name: str = "target") -> Target:
     """The kind of ``target`` (see the module table). An attnkit run folder is recognised before a Hugging Face
-    folder (the trainer writes a ``config.json`` too); a ``config.json`` path names its folder."""
+    folder (the trainer writes a ``config.json`` too); a ``config.json`` path names its folder. ``name``: how a
+    refusal names the argument (``--compare``)."""
     from attnkit.models.builders import PRESETS
 
     if target in PRESETS:
@@ -128,7 +129,7 @@ def locate(target: str) -> Target:
     if (path / "config.json").is_file():
         return Target("hf-folder", target, path)
     raise AttnkitValueError(
-        f"target {target!r} is not a preset ({sorted(PRESETS)}), a small Hugging Face config "
+        f"{name} {target!r} is not a preset ({sorted(PRESETS)}), a small Hugging Face config "
         f"({sorted(HF_TINY)}), an attnkit run/checkpoint folder, or a Hugging Face folder with config.json; "
         f"check the spelling or the path. {_runs_near(path)}"
     )
