@@ -10,7 +10,6 @@ import json
 import pytest
 import torch
 
-import attnkit
 from attnkit.cli import flags
 from attnkit.cli.main import build_parser, main
 
