@@ -127,7 +127,7 @@ class Trainer:
     model_config = _from("setup", "model_config")
     model = _from("setup", "model")
     optimizer = _from("setup", "optimizer")
-    tokenizer = _from("setup", "tokenizer")
+    tokenizer = property(lambda self: self.setup.tokenizer, doc="The byte tokenizer.")
     resume_state = _from("setup", "resume_state")
     init_state = _from("setup", "init_state")
     run_dir = _from("setup", "run_dir")
