@@ -118,6 +118,10 @@ class Trainer:
         self.groups = cp.groups(self.ctx.rank, self.ctx.world, config.context_parallel)
         dist.check_batch(config.batch_size, replace(self.ctx, world=self.groups.dp))
         self.run_dir = Path(config.run_dir)
+        if resume is None:  # `--run-dir nano` would be shadowed by the preset nano in every later command
+            from attnkit.runs.source import check_folder_name
+
+            check_folder_name(config.run_dir, n("run_dir"))
         if resume is None and self.ctx.is_main and self.run_dir.is_dir():  # refuse early, before loading data
             RunFolder(self.run_dir, log=self.log).check_fresh(config.overwrite)
         if model_config is None:  # a new run's model: from the preset
