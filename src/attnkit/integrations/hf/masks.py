@@ -263,8 +263,10 @@ def _and(parts: list) -> masks.MaskSpec | None:
     parts = [p for p in parts if p is not None]
     overlays = [p for p in parts if isinstance(p, _WindowOverlay)]
     causal = [p for p in parts if isinstance(p, masks.Causal)]
-    if overlays and causal:  # sliding_window_causal_mask_function: overlay & causal == sliding_window(W)
-        window = min(o.window for o in overlays)
+    window = min((o.window for o in overlays), default=0)
+    # sliding_window_causal_mask_function: overlay & causal == sliding_window(W). W < 1 (Qwen2-MoE builds its unused
+    # sliding mask from sliding_window=0) sees nothing: kept as the plain overlay & causal, which says just that
+    if overlays and causal and window >= 1:
         parts = [masks.sliding_window(window)] + [p for p in parts if not isinstance(p, (_WindowOverlay, masks.Causal))]
     if not parts:
         return None
