@@ -112,7 +112,7 @@ def check_ids_text(args) -> None:
 def cli_tokens(args, source):
     """``(tokens (1, L), labels)`` of ``--text`` for ``report`` and ``heads``: token ids with ``--ids``, else the
     target's tokenizer; a model without one is told about ``--ids``."""
-    from attnkit.diagnostics.report import token_ids, tokenize
+    from attnkit.diagnostics.report import tokenize
     from attnkit.errors import AttnkitValueError
 
     model = source.model
@@ -126,6 +126,29 @@ def cli_tokens(args, source):
             raise
         raise AttnkitValueError(f"{args.target} has no tokenizer to read --text with; pass token ids instead: "
                                 "--ids --text \"1 5 7\".") from exc
+
+
+def token_ids(text: str, vocab_size: int | None = None, option: str = "--text") -> tuple[torch.Tensor, list[str]]:
+    """``(tokens (1, L), labels)`` from token ids written as text (``"1 5 7"``, commas allowed), for a model
+    without a tokenizer (``--ids`` of ``report``, ``heads`` and ``generate``); each id is checked against
+    ``vocab_size``. The labels are the ids."""
+    import torch
+
+    from attnkit.errors import AttnkitValueError
+
+    try:
+        ids = [int(t) for t in str(text).replace(",", " ").split()]
+    except ValueError:
+        raise AttnkitValueError(f"--ids: {option} {text!r} is not token ids; pass ids separated by spaces, e.g. "
+                                f"{option} \"1 5 7\".") from None
+    if not ids:
+        raise AttnkitValueError(f"--ids: {option} holds no token ids; pass ids separated by spaces, e.g. "
+                                f"{option} \"1 5 7\".")
+    bad = [i for i in ids if i < 0 or (vocab_size is not None and i >= vocab_size)]
+    if bad:
+        raise AttnkitValueError(f"--ids: {option} holds id {bad[0]}, outside the model's vocabulary "
+                                f"[0, {vocab_size}); pass ids in that range.")
+    return torch.tensor([ids]), [str(i) for i in ids]
 
 
 def default_out(target) -> Path:

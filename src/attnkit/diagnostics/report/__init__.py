@@ -76,25 +76,6 @@ def tokenize(model: nn.Module, text: str, tokenizer=None) -> tuple[torch.Tensor,
     return torch.tensor([ids]), [byte_label(t) for t in ids]
 
 
-def token_ids(text: str, vocab_size: int | None = None, option: str = "--text") -> tuple[torch.Tensor, list[str]]:
-    """``(tokens (1, L), labels)`` from token ids written as text (``"1 5 7"``, commas allowed), for a model
-    without a tokenizer (``--ids`` of ``report``, ``heads`` and ``generate``); each id is checked against
-    ``vocab_size``. The labels are the ids."""
-    try:
-        ids = [int(t) for t in str(text).replace(",", " ").split()]
-    except ValueError:
-        raise AttnkitValueError(f"--ids: {option} {text!r} is not token ids; pass ids separated by spaces, e.g. "
-                                f"{option} \"1 5 7\".") from None
-    if not ids:
-        raise AttnkitValueError(f"--ids: {option} holds no token ids; pass ids separated by spaces, e.g. "
-                                f"{option} \"1 5 7\".")
-    bad = [i for i in ids if i < 0 or (vocab_size is not None and i >= vocab_size)]
-    if bad:
-        raise AttnkitValueError(f"--ids: {option} holds id {bad[0]}, outside the model's vocabulary "
-                                f"[0, {vocab_size}); pass ids in that range.")
-    return torch.tensor([ids]), [str(i) for i in ids]
-
-
 def check_length(n_tokens: int, max_tokens: int = MAX_TOKENS) -> None:
     """Refuse an input longer than ``max_tokens`` (before anything runs), saying what it would cost."""
     if n_tokens > max_tokens:
@@ -272,5 +253,5 @@ def report(model: nn.Module, tokens, *, out: str | Path | None = "attention_repo
     return ReportFile(write_page(out, page))
 
 
-__all__ = ["report", "tokenize", "token_ids", "byte_label", "collect", "shown", "check_length", "check_out", "trained_length",
+__all__ = ["report", "tokenize", "byte_label", "collect", "shown", "check_length", "check_out", "trained_length",
            "ReportFile", "ReportPage", "MAX_TOKENS"]
