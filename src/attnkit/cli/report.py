@@ -65,6 +65,8 @@ def run(args) -> int:
             check_text(f"--{flag}" if flag != "target" else "TARGET", str(getattr(args, flag)))
     check_ids_text(args)
     target = locate(args.target)
+    if args.compare is not None:  # before the model loads and the doctor runs: a missing checkpoint costs nothing
+        locate(args.compare, name="--compare")
     metrics = target.metrics
     out = args.out or default_out(target)
     check_out(out, args.overwrite)  # the library's rules, before the model loads: a typo costs nothing
@@ -120,7 +122,7 @@ def cli_tokens(args, source):
         return token_ids(args.text, getattr(getattr(model, "config", None), "vocab_size", None))
     text = DEFAULT_TEXT if args.text is None else args.text
     try:
-        return tokenize(model, text, source.saved_hf_tokenizer)
+        return tokenize(model, text, source.hf_tokenizer)
     except AttnkitValueError as exc:
         if "tokenizer" not in str(exc):
             raise
