@@ -61,7 +61,8 @@ def scores_of(call: AttentionCall) -> torch.Tensor:
         scores = scores + call.bias.materialize(q_pos, kv_pos).to(scores.dtype)
     elif call.bias is not None:
         scores = scores + call.bias.to(scores.dtype)
-    allowed = materialize(call.mask, q_pos, kv_pos)  # bool, broadcastable to (B, H, Lq, Lk)
+    # the prepared mask knows the call's batch (a custom fn may read per-row data its own batch of 1 hides)
+    allowed = materialize(call.mask if call.prepared is None else call.prepared, q_pos, kv_pos)  # (B|1, H|1, Lq, Lk)
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
     return scores
