@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from attnkit.errors import AttnkitValueError
-from attnkit.masks.dense import default_positions, materialize
+from attnkit.masks.dense import BoundMask, MaskContext, default_positions, materialize
 from attnkit.masks.kinds.data import Dense, Document, Padding
 from attnkit.masks.kinds.positional import (
     Causal,
@@ -38,7 +38,7 @@ from attnkit.masks.kinds.positional import (
     is_plain_causal,
 )
 from attnkit.masks.prepared import MaskStructure, PreparedMask, prepare
-from attnkit.masks.spec import And, BoundMask, Combination, MaskContext, MaskSpec, Not, Or
+from attnkit.masks.spec import And, Combination, MaskSpec, Not, Or
 
 
 def causal() -> Causal:
