@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from attnkit._memo import Memo
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
 from attnkit.masks.blocks import BlockCover, BlockGrid, cover
 from attnkit.masks.dense import context_for, default_positions, evaluate
@@ -44,10 +45,11 @@ from attnkit.masks.spec import BoundMask, Causal, Chunked, Dense, Document, Mask
 
 _MISSING = object()
 #: forms of small pure causal masks on default positions kept across calls (see PreparedMask.memo(shared=True))
-_SHARED: dict[Any, Any] = {}
-_SHARED_MAX = 32
+_SHARED = Memo("shared causal forms", 32)
 #: Lq x Lk of the largest mask whose forms are shared (a decode step's, never a prefill's): 32 x 256 KiB at most
 SHARED_MAX_ENTRIES = 1 << 18
+#: plain lanes one prepared mask keeps (one per shape/dtype/grad mode of the calls that use it: a few per forward)
+LANES_MAX_ENTRIES = 64
 
 
 @dataclass(frozen=True)
@@ -94,7 +96,7 @@ class PreparedMask:
         self.default_positions = default
         self._memo: dict[Any, Any] = {}
         #: the plain lanes of calls with this mask (``backends.lane``), read on every such call
-        self.lanes: dict[Any, Any] = {}
+        self.lanes = Memo("prepared mask lanes", LANES_MAX_ENTRIES, register=False)
         self._ctx: MaskContext | None = None
         self._positions: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
 
@@ -185,11 +187,7 @@ class PreparedMask:
         if shared and self.pure_causal and self.q_len * self.kv_len <= SHARED_MAX_ENTRIES and \
                 not torch.compiler.is_compiling():
             table_key = (key, self.batch, self.q_len, self.kv_len, self.device)
-            if table_key not in _SHARED:
-                if len(_SHARED) >= _SHARED_MAX:
-                    _SHARED.clear()
-                _SHARED[table_key] = build()
-            value = _SHARED[table_key]
+            value = _SHARED.get_or_build(table_key, build)
         else:
             value = build()
         self._memo[key] = value

@@ -15,7 +15,7 @@ import torch
 from attnkit.errors import AttnkitValueError
 from attnkit.runs.folder import RunFolder
 from attnkit.runs.read import is_checkpoint_or_run
-from attnkit.runs.source import HF_TINY, hf_tiny, locate
+from attnkit.runs.source import HF_TINY, check_folder_name, hf_tiny, locate
 from attnkit.runs.tokens import TOKENIZER_DIR, folder_tokenizer
 from attnkit.runs.write import save_checkpoint, writing
 
@@ -24,8 +24,10 @@ def convert_folder(path: str | Path, out: str | Path, *, dtype: torch.dtype | No
                    log=print) -> Path:
     """Convert the Hugging Face model ``path`` into the attnkit run folder ``out``; return the checkpoint folder.
     ``path`` is a target as every command reads it (:func:`attnkit.runs.locate`): a Hugging Face folder, or
-    ``hf-*-tiny`` (random weights from the caller's torch RNG); an attnkit run, checkpoint or preset is refused.
-    A folder without ``config.json`` is refused at once, before transformers is imported."""
+    ``hf-*-tiny`` (the seeded weights every command opens: :func:`attnkit.runs.source.hf_tiny`); an attnkit run,
+    checkpoint or preset is refused. A folder without ``config.json`` is refused at once, before transformers is
+    imported, and so is an ``out`` spelled like a preset (:func:`attnkit.runs.source.check_folder_name`)."""
+    check_folder_name(str(out) if isinstance(out, str) else None, "out")
     if str(path) not in HF_TINY and not (Path(path) / "config.json").is_file() and not is_checkpoint_or_run(path):
         raise AttnkitValueError(f"path={str(path)!r} is not a Hugging Face model folder (" + (
             "it does not exist" if not Path(path).exists() else "no config.json") + "); pass the folder "

@@ -111,15 +111,41 @@ class Source:
         return self.target.metrics
 
 
-def locate(target: str) -> Target:
-    """The kind of ``target`` (see the module table). An attnkit run folder is recognised before a Hugging Face
-    folder (the trainer writes a ``config.json`` too); a ``config.json`` path names its folder."""
+def target_names() -> list[str]:
+    """The names a target string reads as something other than a path (presets, ``hf-*-tiny``): a folder given
+    one of them as its exact name would be shadowed, so new runs refuse them (:func:`check_folder_name`)."""
     from attnkit.models.builders import PRESETS
 
-    if target in PRESETS:
-        return Target("preset", target)
-    if target in HF_TINY:
-        return Target("hf-tiny", target)
+    return sorted(PRESETS) + sorted(HF_TINY)
+
+
+def check_folder_name(value, option: str) -> None:
+    """Refuse a new run folder spelled exactly like a named target (``--run-dir nano``): ``generate nano`` would
+    otherwise open the preset. The same folder spelled as a path (``./nano``, ``runs/nano``) is accepted."""
+    if isinstance(value, str) and value in target_names():
+        raise AttnkitValueError(
+            f"{option} {value!r} is also the name of a {'preset' if value not in HF_TINY else 'small Hugging Face model'}"
+            f", so `attnkit generate {value}` would open that, not this run; name the folder as a path: "
+            f"{option} runs/{value} (or ./{value}).")
+
+
+def locate(target: str) -> Target:
+    """The kind of ``target`` (see the module table). An attnkit run folder is recognised before a Hugging Face
+    folder (the trainer writes a ``config.json`` too); a ``config.json`` path names its folder.
+
+    A name (a preset, ``hf-*-tiny``) is never a path: ``nano`` is the preset. Where a model folder of that exact
+    name is here too (made before new runs refused such names, or by hand), ``nano`` is refused as ambiguous and
+    the message gives both spellings: ``./nano`` opens the folder."""
+    from attnkit.models.builders import PRESETS
+
+    if target in PRESETS or target in HF_TINY:
+        folder = Path(target)
+        if folder.is_dir() and (is_checkpoint_or_run(folder) or (folder / "config.json").is_file()):
+            what = "the preset" if target in PRESETS else "the small Hugging Face model"
+            raise AttnkitValueError(
+                f"target {target!r} names both {what} {target} and the model folder ./{target} here; write "
+                f"./{target} for the folder, or run from another directory (or rename the folder) for {what}.")
+        return Target("preset" if target in PRESETS else "hf-tiny", target)
     path = Path(target)
     if path.is_file() and path.name == "config.json":
         path = path.parent
@@ -158,7 +184,7 @@ def open_source(target: str | Target, *, encoder: bool = False, convert: bool = 
     head). ``convert``: a Hugging Face model (folder or ``hf-*-tiny``) is converted to attnkit's model
     (:func:`attnkit.integrations.hf.convert.from_hf`, what ``attnkit convert`` writes), for the commands that
     need attnkit's decoder protocol (``generate``); else the transformers model itself is returned.
-    Random weights (presets, ``hf-*-tiny``) are drawn from the caller's torch RNG."""
+    A preset's random weights are drawn from the caller's torch RNG; ``hf-*-tiny`` from :data:`HF_TINY_SEED`."""
     where = locate(target) if isinstance(target, str) else target
     if where.kind == "preset":
         from attnkit.models.builders import build_encoder, build_lm
@@ -201,11 +227,19 @@ def _transformers():
     return transformers
 
 
+HF_TINY_SEED = 0  #: every hf-*-tiny model's weights: one model per name, whichever command opens it
+
+
 def hf_tiny(name: str):
-    """A small Hugging Face model with random weights (seeded by the caller's torch RNG)."""
+    """A small Hugging Face model with random weights drawn from :data:`HF_TINY_SEED` (the caller's torch RNG is
+    left as it was): ``convert``, ``doctor``, ``generate``, ``report`` and ``heads`` all open the same model."""
+    import torch
+
     tf = _transformers()
     config_cls, model_cls, kwargs = HF_TINY[name]
-    return getattr(tf, model_cls)(getattr(tf, config_cls)(**kwargs)).eval()
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(HF_TINY_SEED)
+        return getattr(tf, model_cls)(getattr(tf, config_cls)(**kwargs)).eval()
 
 
 def hf_class(tf, config, *, encoder: bool = False):

@@ -168,6 +168,10 @@ class Trainer:
         dist.check_batch(config.batch_size, replace(self.ctx, world=cp.data_parallel(self.ctx.world,
                                                                                       config.context_parallel)))
         run_dir = Path(config.run_dir)
+        if resume is None:  # `--run-dir nano` would be shadowed by the preset nano in every later command
+            from attnkit.runs.source import check_folder_name
+
+            check_folder_name(config.run_dir, n("run_dir"))
         if resume is None and self.ctx.is_main and run_dir.is_dir():  # refuse early, before loading data
             RunFolder(run_dir, log=self.log).check_fresh(config.overwrite)
         if opening.model_config is None:  # a new run's model: from the preset
