@@ -61,6 +61,8 @@ def run(args) -> int:
         if getattr(args, flag) is not None:
             check_text(f"--{flag}" if flag != "target" else "TARGET", str(getattr(args, flag)))
     target = locate(args.target)
+    if args.compare is not None:  # before the model loads and the doctor runs: a missing checkpoint costs nothing
+        locate(args.compare, name="--compare")
     metrics = target.metrics
     out = args.out or default_out(target)
     check_out(out, args.overwrite)  # the library's rules, before the model loads: a typo costs nothing

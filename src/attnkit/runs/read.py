@@ -369,17 +369,24 @@ def read_metrics(path: str | Path, on_skip: Callable[[str], None] | None = None)
     return records
 
 
+def _short(value) -> str:
+    """``repr(value)``, cut to 40 characters (a 400-digit number in a message would be a paragraph)."""
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
+
+
 def _record_problem(record) -> str | None:
     """What makes ``record`` not a metrics record (None when it is one)."""
     if not isinstance(record, dict):
         return f"a JSON {type(record).__name__}, not a record"
     step = record.get("step")
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        return f"step is {step!r}, not an int >= 0"
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 2**63:
+        return f"step is {_short(step)}, not an int from 0 to 2**63 - 1"  # a 400-digit step overflowed the plots
     for name in METRIC_NUMBERS:
         value = record.get(name, 0)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return f"{name} is {value!r}, not a number"
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, int) and
+                                                                              abs(value) >= 2**63):
+            return f"{name} is {_short(value)}, not a number (an int beyond 64 bits does not fit a float)"
     attention = record.get("attention", {})
     if not isinstance(attention, dict) or not all(
             isinstance(info, dict) and isinstance(info.get("verdicts", []), list)

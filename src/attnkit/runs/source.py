@@ -129,9 +129,10 @@ def check_folder_name(value, option: str) -> None:
             f"{option} runs/{value} (or ./{value}).")
 
 
-def locate(target: str) -> Target:
+def locate(target: str, name: str = "target") -> Target:
     """The kind of ``target`` (see the module table). An attnkit run folder is recognised before a Hugging Face
-    folder (the trainer writes a ``config.json`` too); a ``config.json`` path names its folder.
+    folder (the trainer writes a ``config.json`` too); a ``config.json`` path names its folder. ``name``: how a
+    refusal names the argument (``--compare``).
 
     A name (a preset, ``hf-*-tiny``) is never a path: ``nano`` is the preset. Where a model folder of that exact
     name is here too (made before new runs refused such names, or by hand), ``nano`` is refused as ambiguous and
@@ -143,7 +144,7 @@ def locate(target: str) -> Target:
         if folder.is_dir() and (is_checkpoint_or_run(folder) or (folder / "config.json").is_file()):
             what = "the preset" if target in PRESETS else "the small Hugging Face model"
             raise AttnkitValueError(
-                f"target {target!r} names both {what} {target} and the model folder ./{target} here; write "
+                f"{name} {target!r} names both {what} {target} and the model folder ./{target} here; write "
                 f"./{target} for the folder, or run from another directory (or rename the folder) for {what}.")
         return Target("preset" if target in PRESETS else "hf-tiny", target)
     path = Path(target)
@@ -154,7 +155,7 @@ def locate(target: str) -> Target:
     if (path / "config.json").is_file():
         return Target("hf-folder", target, path)
     raise AttnkitValueError(
-        f"target {target!r} is not a preset ({sorted(PRESETS)}), a small Hugging Face config "
+        f"{name} {target!r} is not a preset ({sorted(PRESETS)}), a small Hugging Face config "
         f"({sorted(HF_TINY)}), an attnkit run/checkpoint folder, or a Hugging Face folder with config.json; "
         f"check the spelling or the path. {_runs_near(path)}"
     )

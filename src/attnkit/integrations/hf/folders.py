@@ -65,12 +65,37 @@ def load_config(folder: Path):
         value = raw.get(name, 1.0)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
             bad(name, "a number")
+    check_attn_implementation(raw.get("attn_implementation"), where)
     try:
         return transformers().AutoConfig.from_pretrained(folder, trust_remote_code=False, local_files_only=True)
     except Exception as exc:  # noqa: BLE001 - transformers' and huggingface_hub's own validation errors vary
         detail = " ".join(line.strip() for line in str(exc).splitlines()[:2])[:300]
         raise AttnkitValueError(f"{where!r} is not a config transformers accepts ({type(exc).__name__}: {detail}); "
                                 f"{restore}") from exc
+
+
+def check_attn_implementation(name, where: str) -> None:
+    """Refuse a config.json whose ``attn_implementation`` this machine can't run (a flash-attention kernel whose
+    package is absent, a kernel from the Hub: attnkit loads local files only) before any model is built:
+    transformers raised an ImportError from deep inside building the model."""
+    from attnkit.integrations.hf._deps import transformers
+
+    if name is None:
+        return
+    fix = "remove the field from config.json (the model then loads with transformers' default attention)"
+    if not isinstance(name, str):
+        raise AttnkitValueError(f"{where!r}: field 'attn_implementation' is {name!r}, expected a name such as 'sdpa' "
+                                f"or 'eager'; {fix}.")
+    if "/" in name:
+        raise EnvironmentUnsupportedError(f"{where!r}: field 'attn_implementation' is {name!r}, a kernel from the "
+                                          f"Hugging Face Hub; attnkit loads local files only: {fix}.")
+    if name.startswith("flash_attention_"):
+        version = name.removeprefix("flash_attention_")
+        available = getattr(transformers().utils, f"is_flash_attn_{version}_available", None)
+        if available is None or not available():
+            raise EnvironmentUnsupportedError(
+                f"{where!r}: field 'attn_implementation' is {name!r}, which needs the flash-attn package "
+                f"(version {version}) and a CUDA GPU, not available here; {fix}, or set it to 'sdpa'.")
 
 
 def has_weights(folder: Path) -> bool:
