@@ -19,7 +19,7 @@ NAMES = ("run_dir", "resume", "init_from", "overwrite", "out", "hf", "device", "
          "threads", "space", "minutes", "trials", "trial_steps", "seeds", "workers", "storage", "study", "join",
          "grid", "preset", "heartbeat_s")
 #: per command, Python names whose flag is another word (``convert_folder(path=...)`` is ``convert --hf``)
-COMMANDS = {"convert": {"path": "--hf"}}
+COMMANDS = {"convert": {"path": "--hf"}, "export": {"out": "--hf", "family": "--family", "run_path": "RUN"}}
 #: flags whose value is a plain word, shown unquoted (``device='cpu'`` -> ``--device cpu``)
 WORDS = {"device"}
 #: switches: ``name=True`` is the flag alone (``doctor=False`` is ``--no-doctor``)

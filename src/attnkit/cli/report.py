@@ -72,7 +72,7 @@ def run(args) -> int:
     model, fresh = source.model, source.fresh
     title = args.title or f"attnkit report: {args.target}"
     max_tokens = MAX_TOKENS if args.max_tokens is None else args.max_tokens
-    ids, labels = tokenize(model, args.text, source.saved_hf_tokenizer) if args.text else (args.text, None)
+    ids, labels = tokenize(model, args.text, source.hf_tokenizer) if args.text else (args.text, None)
     if args.text:
         check_length(ids.shape[1], max_tokens)  # before the doctor runs
     loaded = time.perf_counter()

@@ -16,12 +16,43 @@ from attnkit.integrations.remote_code import check_tokenizer, read_config
 HF_ENCODER_TYPES = {"bert", "roberta", "distilbert", "albert", "electra", "xlm-roberta", "deberta", "deberta-v2",
                     "mpnet", "camembert", "modernbert"}
 
+#: what ``load_hf(path, head=...)`` builds: ``"auto"`` the class that holds the folder's weights (the first of
+#: ``config.architectures`` transformers has: all-MiniLM-L6-v2's ``BertModel``, never a head the folder lacks),
+#: ``"lm"`` the language-model head of the model type (masked-LM for an encoder, causal-LM for a decoder),
+#: ``"masked-lm"`` the masked-LM head, ``"base"`` the base model without a head
+HEADS = ("auto", "lm", "masked-lm", "base")
 
-def load_hf(path: str | Path, *, dtype: torch.dtype = torch.float32):
-    """The transformers model of the local folder ``path`` (``*ForCausalLM`` for decoders, ``AutoModel`` for
-    encoders), weights included; never runs code from the folder."""
+
+def is_encoder(config) -> bool:
+    """The one notion of encoder: a bidirectional model type (:data:`HF_ENCODER_TYPES`) not configured as a
+    decoder (``is_decoder``)."""
+    return config.model_type in HF_ENCODER_TYPES and not bool(getattr(config, "is_decoder", False))
+
+
+def model_class(tf, config, head: str = "auto"):
+    """The transformers class :func:`load_hf` builds for ``config`` and ``head`` (:data:`HEADS`)."""
+    if head not in HEADS:
+        raise AttnkitValueError(f"head must be one of {HEADS}, got {head!r}; 'auto' loads the class the folder's "
+                                "weights were saved from.")
+    if head == "base":
+        return tf.AutoModel
+    if head == "auto":
+        for name in getattr(config, "architectures", None) or ():
+            if isinstance(name, str) and isinstance(getattr(tf, name, None), type):
+                return getattr(tf, name)
+    if head == "masked-lm" or is_encoder(config):
+        return tf.AutoModelForMaskedLM
+    return tf.AutoModelForCausalLM
+
+
+def load_hf(path: str | Path, *, head: str = "auto", dtype: torch.dtype = torch.float32):
+    """The transformers model of the local folder ``path`` in eval mode, weights included, never running code
+    from the folder: ``trust_remote_code=False``, a config with ``auto_map`` refused
+    (:class:`~attnkit.integrations.remote_code.RemoteCodeRefused`), a malformed config.json, a folder without
+    weights and a model larger than the memory here typed errors before anything is built. ``head``
+    (:data:`HEADS`) picks the class (:func:`model_class`). A pooler the files lack is removed (never random
+    weights); with ``head="masked-lm"`` an absent masked-LM head is allowed (a sentence-embedding checkpoint)."""
     from attnkit.integrations.hf._deps import transformers
-    from attnkit.integrations.hf.convert import family_of
 
     tf = transformers()
     folder = Path(path)
@@ -29,10 +60,10 @@ def load_hf(path: str | Path, *, dtype: torch.dtype = torch.float32):
         raise AttnkitValueError(f"path={str(path)!r} is not a Hugging Face model folder (no config.json); pass the "
                                 "folder that holds config.json and the weights.")
     config = load_config(folder)  # refuses auto_map (custom code) and a malformed config.json first
-    family = family_of(config.model_type)
-    auto = tf.AutoModelForCausalLM if family.lm_head else tf.AutoModel  # BERT: the encoder (BertModel)
+    auto = model_class(tf, config, head)
     check_weights(auto, config, folder, dtype)
-    return load_pretrained(auto, folder, optional=("pooler.",), dtype=dtype)  # BERT's pooler is not converted
+    optional = ("pooler.", "cls.") if head == "masked-lm" else ("pooler.",)
+    return load_pretrained(auto, folder, optional=optional, dtype=dtype)
 
 
 #: config.json fields that are sizes when present: a positive int (a wrong type crashes deep in transformers)
@@ -161,6 +192,9 @@ def load_pretrained(auto, folder: Path, *, optional: tuple[str, ...] = (), **kwa
     missing = sorted(k for k in (*info.get("missing_keys", ()), *(m[0] if isinstance(m, tuple) else m
                                                                   for m in info.get("mismatched_keys", ())))
                      if not k.startswith(optional))
+    base = getattr(model, "base_model", model)
+    if any("pooler" in k.split(".") for k in info.get("missing_keys", ())) and getattr(base, "pooler", None) is not None:
+        base.pooler = None  # the files have no pooler: none, rather than random weights (pooler_output None)
     if missing:
         raise AttnkitValueError(
             f"the weights in {str(folder)!r} lack {len(missing)} parameter(s) the model needs ({missing[:4]}"
