@@ -19,7 +19,7 @@ SRC = Path(attnkit.__file__).parent
 
 #: level of each top-level part of the package; imports go to the same level or lower, never up
 LEVELS = {
-    "errors": 0, "_checks": 0, "_hooks": 0, "_bias": 0, "_timing": 0, "_progress": 0, "_files": 0, "_tolerance": 0,
+    "errors": 0, "_checks": 0, "_hooks": 0, "_bias": 0, "_timing": 0, "_progress": 0, "_files": 0, "_tolerance": 0, "_memo": 0,
     "masks": 1, "positions": 1, "functional": 1, "_validation": 1,
     "backends": 2, "cache": 2,
     "nn": 3,

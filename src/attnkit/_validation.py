@@ -15,11 +15,12 @@ import torch
 from attnkit._bias import StructuredBias
 from attnkit._checks import number as check_scalar
 from attnkit._checks import position_ids
+from attnkit._memo import Memo
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
 from attnkit.masks import MaskSpec, PreparedMask, default_positions
 
 
-@dataclass(slots=True)  # built once per call: not frozen (a frozen one costs ~1 us more to build); read-only by convention
+@dataclass(slots=True, kw_only=True)  # not frozen (a frozen one costs ~1 us more to build); read-only by convention
 class AttentionCall:
     """A validated attention request: tensors at the backend boundary plus every option.
 
@@ -28,6 +29,8 @@ class AttentionCall:
     mask's source); ``prepared`` is the same mask as a :class:`~attnkit.masks.PreparedMask` bound to these
     positions (None without a mask): backends read its dense form, block cover, structure and memo instead of
     binding the mask themselves.
+
+    Built by keyword only (``AttentionCall(q=..., k=..., ...)``): a new field can't shift the others.
     """
 
     q: torch.Tensor  # (B, H, Lq, D)
@@ -111,9 +114,8 @@ def bias_needs_grad(bias: torch.Tensor | StructuredBias | None, device: torch.de
 
 
 #: ``(shapes, dtypes, devices)`` of q, k, v that passed :func:`check_tensors`: everything it reads, so a key
-#: found here proves the same checks pass again (plain tensors only; bounded, cleared when full)
-_CHECKED_TENSORS: dict[tuple, None] = {}
-_CHECKED_MAX = 1024
+#: found here proves the same checks pass again (plain tensors only)
+_CHECKED_TENSORS = Memo("checked tensors", 1024)
 
 
 def _tensors_key(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple:
@@ -132,8 +134,6 @@ def check_tensors(q: object, k: object, v: object) -> tuple | None:
             return key
     _check_tensors(q, k, v)
     if key is not None:
-        if len(_CHECKED_TENSORS) >= _CHECKED_MAX:
-            _CHECKED_TENSORS.clear()
         _CHECKED_TENSORS[key] = None
     return key
 
@@ -277,9 +277,10 @@ def build_call(q, k, v, mask=None, *, bias=None, scale=None, softcap=None, dropo
         prepared = PreparedMask.for_call(mask, q_positions, kv_positions, B, Lq, Lk, q.device)
     if sinks is not None:
         check_sinks(sinks, H, q.device)
-    return AttentionCall(q, k, v, mask, bias, scale, softcap, dropout_p, q_positions, kv_positions,
-                         return_weights, prepared, bias is not None and bias_needs_grad(bias, q.device), sinks,
-                         tensors_key)
+    return AttentionCall(q=q, k=k, v=v, mask=mask, bias=bias, scale=scale, softcap=softcap, dropout_p=dropout_p,
+                         q_positions=q_positions, kv_positions=kv_positions, return_weights=return_weights,
+                         prepared=prepared, bias_needs_grad=bias is not None and bias_needs_grad(bias, q.device),
+                         sinks=sinks, tensors_key=tensors_key)
 
 
 def check_sinks(sinks, num_heads: int, device: torch.device) -> None:

@@ -111,7 +111,7 @@ def test_tensor_checks_memo_never_serves_another_signature():
 
 
 def test_tensor_checks_memo_is_bounded(monkeypatch):
-    monkeypatch.setattr(_validation, "_CHECKED_MAX", 3)
+    monkeypatch.setattr(_validation._CHECKED_TENSORS, "max_entries", 3)
     _validation._CHECKED_TENSORS.clear()
     for L in range(1, 8):
         ak.attention(torch.randn(1, 1, L, 4), torch.randn(1, 1, L, 4), torch.randn(1, 1, L, 4))
@@ -248,7 +248,7 @@ def test_edited_positions_are_read_again_on_the_next_call():
 
 
 def test_shared_forms_are_bounded(monkeypatch):
-    monkeypatch.setattr(prepared_module, "_SHARED_MAX", 2)
+    monkeypatch.setattr(prepared_module._SHARED, "max_entries", 2)
     prepared_module._SHARED.clear()
     for Lk in range(4, 12):
         _check(torch.randn(1, 1, 2, 4), torch.randn(1, 1, Lk, 4), torch.randn(1, 1, Lk, 4), M.causal())
@@ -264,7 +264,7 @@ def test_every_built_in_backend_ranks_by_signature():
     import attnkit.distributed  # noqa: F401  (registers the context-parallel backend)
 
     missing = [name for name, b in registry._REGISTRY.items() if not getattr(b, "ranks_by_signature", False)]
-    assert not missing, f"{missing} turn auto's memo off for every call"
+    assert not missing, f"{missing} are asked on every call auto routes"
     q = torch.randn(1, 2, 4, 8)
     assert registry._choice_key(_validation.build_call(q, q, q)) is not None
 

@@ -129,15 +129,29 @@ def test_registering_a_backend_reroutes_lanes(builds):
     assert first.served == 1
 
 
-def test_a_backend_that_does_not_rank_by_signature_closes_the_lane(builds):
+def test_a_backend_that_does_not_rank_by_signature_is_asked_per_call_and_keeps_the_lane(builds):
     class Moody(_First):
         name = "moody"
         ranks_by_signature = False
 
-    registry.register(Moody())
+        def __init__(self):
+            super().__init__()
+            self.asked = 0
+
+        def rank(self, call):  # depends on something outside the call: asked every time
+            self.asked += 1
+            return Rank(1000 if self.asked % 2 else -1000, "changes its mind")
+
+    moody = Moody()
+    registry.register(moody)
     try:
         q = torch.randn(1, 2, 4, 8)
-        assert lane.plain_call(q, q, q, None, None) is None
+        outs = [ak.attention(q, q, q, M.causal()) for _ in range(4)]
+        assert len(builds) == 1, "a backend without ranks_by_signature turned the lane off"
+        assert moody.asked == 4 and moody.served == 2, (moody.asked, moody.served)  # asked once per call
+        golden = reference_attention(q.double(), q.double(), q.double(), M.causal())
+        for out in outs:
+            assert_within_rule(out, reference_attention(q, q, q, M.causal()), golden)
     finally:
         registry.unregister("moody")
 
@@ -187,7 +201,7 @@ def test_empty_calls_and_the_bound(builds, monkeypatch):
     for _ in range(2):
         assert ak.attention(q, k, k, M.causal()).shape == (1, 2, 0, 8)
     assert len(builds) == 1
-    monkeypatch.setattr(lane, "_LANES_MAX", 3)
+    monkeypatch.setattr(lane._LANES, "max_entries", 3)
     for L in range(1, 8):
         x = torch.randn(1, 1, L, 4)
         ak.attention(x, x, x)

@@ -97,3 +97,12 @@ def counted_finished(trials) -> list:
     from attnkit.sweep.study import finished
 
     return [t for t in trials if finished(t)]
+
+
+def advisory_waiters(url: str) -> int:
+    """How many sessions of the PostgreSQL server at ``url`` wait for an advisory lock (the sweep's claim lock)."""
+    import sqlalchemy
+
+    with _storage(url).engine.connect() as conn:
+        return conn.execute(sqlalchemy.text("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted")
+                            ).scalar_one()

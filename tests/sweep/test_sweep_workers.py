@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers import CLI_SMALL, kill, load, running_with_checkpoint, sweep_cli, wait_for
+from helpers import CLI_SMALL, advisory_waiters, kill, load, running_with_checkpoint, sweep_cli, wait_for
 from optuna.trial import TrialState
 
 from attnkit.runs import read_metrics
@@ -65,12 +65,21 @@ def test_two_workers_on_postgresql_a_killed_worker_loses_nothing(tmp_path, postg
 
 def test_a_second_machine_joins_through_postgresql_and_its_death_is_found_by_the_heartbeat(tmp_path, postgres):
     """Two "machines" (processes with their own folders): one starts the sweep, one joins; the joiner is killed
-    mid-trial with nobody to tell the study: its trial goes stale (heartbeat) and the first one retries it."""
+    mid-trial with nobody to tell the study: its trial goes stale (heartbeat) and the first one retries it.
+
+    The test holds the study's claim lock until both processes wait on it, so the joiner gets one of the first two
+    trials (never pruned) however slowly it starts: on a loaded machine the starter alone would otherwise finish the
+    plan before the joiner has imported torch."""
+    from attnkit.sweep import storage as stores
+
     first, second = tmp_path / "first", tmp_path / "second"
-    starter = sweep_cli("--run-dir", str(first), *CLI_SMALL, *PLAN, "--storage", postgres, "--study", "shared")
+    starter = joiner = None
     try:
-        wait_for(lambda: (first / "sweep.json").exists(), proc=starter, what="the study")
-        joiner = sweep_cli("--join", "--storage", postgres, "--study", "shared", "--run-dir", str(second))
+        with stores.study_lock(stores.open_storage(postgres), "shared"):
+            starter = sweep_cli("--run-dir", str(first), *CLI_SMALL, *PLAN, "--storage", postgres, "--study", "shared")
+            wait_for(lambda: (first / "sweep.json").exists(), proc=starter, what="the study")
+            joiner = sweep_cli("--join", "--storage", postgres, "--study", "shared", "--run-dir", str(second))
+            wait_for(lambda: advisory_waiters(postgres) == 2, proc=joiner, what="both machines waiting to claim")
         wait_for(lambda: running_with_checkpoint(second, postgres) is not None, proc=joiner,
                  what="the joiner's checkpoint")
         victim = running_with_checkpoint(second, postgres)
@@ -78,7 +87,7 @@ def test_a_second_machine_joins_through_postgresql_and_its_death_is_found_by_the
         joiner.wait()
         out, err = starter.communicate(timeout=300)
     finally:
-        for p in (starter, locals().get("joiner")):
+        for p in (starter, joiner):
             if p is not None and p.poll() is None:
                 p.kill()
     assert starter.returncode == 0, err

@@ -34,12 +34,17 @@ class Rank:
 class Backend(Protocol):
     """An attention implementation. ``supports`` returns ``[]`` when it can serve the call.
 
-    Optional declarations (read with ``getattr``; a backend without them still works):
+    Optional declarations (read with ``getattr``; a backend without them still works, and
+    :func:`~attnkit.backends.registry.register` says what each missing one costs):
 
     - ``ranks_by_signature = True``: ``available``, ``supports`` and ``rank`` read nothing but
-      :meth:`AttentionCall.signature`, the call's prepared mask and ``state()``; when every registered backend says so,
-      ``auto`` memoises its choice on exactly those (``backends.registry``). Without it nothing is memoised.
+      :meth:`AttentionCall.signature`, the call's prepared mask and ``state()``; ``auto`` memoises its choice among
+      such backends on exactly those (``backends.registry``). A backend without it is asked on every call and
+      takes the call when it ranks higher than the memoised choice (the memo and the plain lane stay on).
     - ``state() -> Hashable``: the environment settings ``rank`` reads (flex: whether CPU compiling is allowed).
+    - ``runner(call) -> fn(call)``: a function that serves every plain call of ``call``'s lane key exactly as
+      ``backend(call)`` would (``backends.lane``), with what can be decided once hoisted out (sdpa: the mask form
+      and the GQA fold). Without it the lane runs ``backend(call)``.
     - ``traceable = False``: the backend can't run inside ``torch.compile``; ``auto`` skips it while compiling
       (a forced ``backend=`` name says why). Default: traceable.
     - ``serves_sinks = True``: it adds attention sinks to its softmax (others are refused calls with ``sinks=``).

@@ -6,12 +6,14 @@ the best; ties go to the backend registered first. The thresholds behind the sco
 that use them (``blocksparse.SPARSE_MIN_KEYS``, ...). ``math`` serves every request, so there is always a
 choice. A backend registered with :func:`register` takes part at once: nothing else lists backends.
 
-``auto``'s choice is memoised when every registered backend declares ``ranks_by_signature = True`` (its
-``supports`` and ``rank`` read nothing of a call but :meth:`AttentionCall.signature`, its prepared mask and the
-backend's ``state()``): keyed on exactly those, globally for calls without a mask or with a pure causal one,
-in the prepared mask's memo otherwise (its data, e.g. document ids, then counts too). ``register`` and
-``unregister`` invalidate it. While ``torch.compile`` traces, nothing is memoised and backends that declare
-``traceable = False`` are skipped by ``auto``.
+``auto``'s choice is memoised among the backends that declare ``ranks_by_signature = True`` (their ``supports``
+and ``rank`` read nothing of a call but :meth:`AttentionCall.signature`, its prepared mask and the backend's
+``state()``): keyed on exactly those, globally for calls without a mask or with a pure causal one, in the
+prepared mask's memo otherwise (its data, e.g. document ids, then counts too). A backend without the
+declaration costs only its own asking: it is asked on every call (``supports`` and ``rank``) and takes the call
+from the memoised choice when its score is higher; the memo and the plain lane stay on for everything else.
+``register`` and ``unregister`` invalidate the memo. While ``torch.compile`` traces, nothing is memoised and
+backends that declare ``traceable = False`` are skipped by ``auto``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from attnkit._memo import Memo
 from attnkit._validation import AttentionCall
 from attnkit.backends.base import Backend, Rank
 from attnkit.backends.blocksparse import BlockSparseBackend
@@ -33,16 +36,28 @@ from attnkit.errors import AttnkitTypeError, AttnkitValueError, BackendUnsupport
 _REGISTRY: dict[str, Backend] = {}
 _PROTOCOL = ("available", "supports", "rank", "plan", "__call__")
 #: auto's choices for calls without a mask or with a pure causal one: ``{key: backend}`` (see _choice_key)
-_CHOICES: dict[Hashable, Backend] = {}
-_CHOICES_MAX = 1024
+_CHOICES = Memo("auto choices", 1024)
 #: bumped by register/unregister: part of the keys kept in prepared masks' memos
 _VERSION = [0]
-#: ``(every backend ranks by signature, their state() methods)``, worked out again after register/unregister
+#: ``(backends asked on every call (no ranks_by_signature), the others' state() methods)``, worked out again after
+#: register/unregister
 _STATES: list = [None]
 
 
 def register(backend: Backend) -> None:
-    """Add (or replace, by ``backend.name``) a backend; ``auto`` ranks it with the others from now on."""
+    """Add (or replace, by ``backend.name``) a backend; ``auto`` ranks it with the others from now on.
+
+    ``name``, ``available``, ``supports``, ``rank``, ``plan`` and ``__call__`` are required. What a missing optional
+    declaration (:class:`~attnkit.backends.base.Backend`) costs:
+
+    - no ``ranks_by_signature = True``: this backend is asked (``supports``, ``rank``) on every call ``auto``
+      routes, and serves a call when its score beats the memoised choice's; the other backends' choice stays
+      memoised and plain calls keep their lane, paying one ``rank`` call of this backend each.
+    - no ``state()``: ``auto`` assumes its answers depend on nothing outside the call (changing a setting they
+      read would not be seen by the memo).
+    - no ``runner``: plain calls of a lane run ``backend(call)`` itself (nothing hoisted out of the call).
+    - no ``traceable``: traceable assumed; no ``serves_sinks``: calls with ``sinks=`` are refused.
+    """
     name = getattr(backend, "name", None)
     missing = [m for m in _PROTOCOL if not callable(getattr(backend, m, None))]
     if not isinstance(name, str) or not name or name == "auto" or missing:
@@ -126,17 +141,8 @@ class Explanation:
 def select(call: AttentionCall, backend: str = "auto") -> Backend:
     """The backend that will serve ``call``: the best ranked capable one for 'auto', else the named one."""
     if backend == "auto":
-        key = _choice_key(call)
-        if key is None:
-            return _best(call)
-        if call.prepared is not None and not call.prepared.pure_causal:  # its data may count: its own memo
-            return call.prepared.memo(("auto", key), lambda: _best(call))
-        chosen = _CHOICES.get(key)
-        if chosen is None:
-            if len(_CHOICES) >= _CHOICES_MAX:
-                _CHOICES.clear()
-            chosen = _CHOICES[key] = _best(call)
-        return chosen
+        chosen, score = select_by_signature(call)
+        return overrule(call, chosen, score)
     chosen = get(backend)
     why = reasons_against(chosen, call)
     if why:
@@ -146,22 +152,63 @@ def select(call: AttentionCall, backend: str = "auto") -> Backend:
     return chosen
 
 
-def _best(call: AttentionCall) -> Backend:
-    best = ranking(call)
-    return _REGISTRY[best[0][0]] if best else _REGISTRY["math"]
+def select_by_signature(call: AttentionCall) -> tuple[Backend, float]:
+    """auto's choice among the backends that rank by signature, and its score: memoised (see the module
+    docstring); :func:`overrule` then asks the others."""
+    key = _choice_key(call)
+    if key is None:
+        return _best(call, _by_signature())
+    if call.prepared is not None and not call.prepared.pure_causal:  # its data may count: its own memo
+        return call.prepared.memo(("auto", key), lambda: _best(call, _by_signature()))
+    chosen = _CHOICES.get(key)
+    if chosen is None:
+        chosen = _CHOICES[key] = _best(call, _by_signature())
+    return chosen
 
 
-def routing_state() -> Hashable | None:
-    """What auto's choice reads besides the call: the registry's version and every backend's ``state()``; None
-    when a registered backend does not rank by signature alone (then nothing may be memoised)."""
+def overrule(call: AttentionCall, chosen: Backend, score: float) -> Backend:
+    """``chosen``, unless a backend asked on every call (no ``ranks_by_signature``) can serve ``call`` and ranks
+    higher than ``score``: the best of those then."""
+    per_call = _routing_states()[0]
+    if not per_call:
+        return chosen
+    best, best_score = _best(call, per_call)
+    return best if best is not _REGISTRY["math"] and best_score > score else chosen
+
+
+def _best(call: AttentionCall, backends: dict[str, Backend]) -> tuple[Backend, float]:
+    best, best_score = _REGISTRY["math"], float("-inf")
+    for b in backends.values():
+        if not reasons_against(b, call):
+            score = b.rank(call).score
+            if score > best_score:  # (ties keep the first registered)
+                best, best_score = b, score
+    return best, best_score
+
+
+def _by_signature() -> dict[str, Backend]:
+    return {name: b for name, b in _REGISTRY.items() if getattr(b, "ranks_by_signature", False)}
+
+
+def _routing_states() -> tuple:
     states = _STATES[0]
-    if states is None:  # the registry changed: which backends rank by signature, and which have a state
-        backends = list(_REGISTRY.values())
-        memoisable = all(getattr(b, "ranks_by_signature", False) for b in backends)
-        states = _STATES[0] = (memoisable, tuple(b.state for b in backends if callable(getattr(b, "state", None))))
-    memoisable, state_fns = states
-    if not memoisable:
-        return None
+    if states is None:  # the registry changed: which backends are asked per call, which have a state
+        per_call = {n: b for n, b in _REGISTRY.items() if not getattr(b, "ranks_by_signature", False)}
+        state_fns = tuple(b.state for n, b in _REGISTRY.items()
+                          if n not in per_call and callable(getattr(b, "state", None)))
+        states = _STATES[0] = (per_call, state_fns)
+    return states
+
+
+def asked_per_call() -> bool:
+    """Whether a registered backend does not rank by signature (then :func:`overrule` asks it on every call)."""
+    return bool(_routing_states()[0])
+
+
+def routing_state() -> Hashable:
+    """What auto's memoised choice reads besides the call: the registry's version and the ``state()`` of every
+    backend that ranks by signature."""
+    state_fns = _routing_states()[1]
     if len(state_fns) == 1:  # (the built-in registry: flex's; no comprehension frame on every call)
         return _VERSION[0], state_fns[0]()
     return _VERSION[0], tuple([state() for state in state_fns])
@@ -169,10 +216,10 @@ def routing_state() -> Hashable | None:
 
 def _choice_key(call: AttentionCall) -> Hashable | None:
     """What auto's choice depends on: the call's signature, whether its mask is pure causal, the routing state;
-    None (no memo) while compiling or when a registered backend does not rank by signature alone."""
-    state = routing_state()
-    if state is None or torch.compiler.is_compiling():
+    None (no memo) while compiling."""
+    if torch.compiler.is_compiling():
         return None
+    state = routing_state()
     return (call.signature(), None if call.prepared is None else call.prepared.pure_causal, state)
 
 

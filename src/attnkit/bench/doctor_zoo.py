@@ -51,9 +51,15 @@ for line in sys.stdin:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    from attnkit.integrations.hf import zoo
+    from attnkit.errors import EnvironmentUnsupportedError
 
-    parser.add_argument("--families", nargs="+", choices=zoo.names(), default=zoo.names())
+    try:  # the parser of every command is built at start: no transformers must not break `attnkit heads` etc.
+        from attnkit.integrations.hf import zoo
+
+        families = zoo.names()
+    except EnvironmentUnsupportedError:
+        families = None  # the suite itself says what it needs when it runs
+    parser.add_argument("--families", nargs="+", choices=families, default=families)
     parser.add_argument("--checks", nargs="+", default=None, help="run only these checks (default: all)")
     parser.add_argument("--baseline", default=None, metavar="REV",
                         help="also examine the families with attnkit at this git revision (e.g. main)")
