@@ -195,9 +195,18 @@ class Custom(MaskSpec):
     def bind(self, ctx: MaskContext) -> BoundMask:
         positions, user = _lookup(ctx), self.fn
 
+        name = self.name
+
         def fn(b, h, q_idx, kv_idx):
             q_pos, kv_pos = positions(b, q_idx, kv_idx)
-            return user(b, h, q_pos, kv_pos)
+            allowed = user(b, h, q_pos, kv_pos)
+            if not (isinstance(allowed, torch.Tensor) and allowed.dtype == torch.bool):
+                # one meaning on every backend: a 0/1 float (or int) would be a bias to SDPA, a truth value to
+                # the block cover and a bitwise ~ elsewhere
+                raise AttnkitTypeError(f"custom mask fn {name!r} must return a bool tensor (True = may attend), got "
+                                       f"{describe(allowed)}; return a comparison such as (kv_pos <= q_pos), "
+                                       "or x.bool() / x > 0, and pass additive float scores as bias=.")
+            return allowed
 
         return fn
 
