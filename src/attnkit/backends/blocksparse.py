@@ -31,6 +31,7 @@ from attnkit._bias import StructuredBias
 from attnkit._validation import AttentionCall
 from attnkit.backends.base import Rank, is_long, skippable_structure
 from attnkit.backends.block_plan import Piece, Plan, make_plan
+from attnkit.backends.cost import plans_work, reach_work, runs_work, tiled_work
 from attnkit.backends.relative import (
     BLOCK,
     HALF_KEY_ROW_SPAN,
@@ -84,8 +85,8 @@ class BlockSparseBackend:
             return Rank(25, f"{structure}: {runs.count} documents run as separate causal sequences on SDPA's fused "
                             f"kernel (forward and backward), {100 * runs.density():.0f}% of the Lq x Lk entries")
         if not is_long(call, min_keys, SPARSE_MIN_QUERIES):
-            return Rank(5, f"{structure}, but short (Lq={call.q_len}, Lk={call.kv_len} < {SPARSE_MIN_QUERIES}/"
-                           f"{min_keys}): a dense mask costs little, one SDPA call is as fast")
+            return Rank(5, f"{structure} on a short call (Lq={call.q_len}, Lk={call.kv_len} < {SPARSE_MIN_QUERIES}/"
+                           f"{min_keys}): skips blocks, ranked below SDPA (the predicted time decides)")
         where = " (flex on CPU: no backward, or compiling not allowed)" if call.q.device.type == "cpu" else ""
         return Rank(20, f"{structure} on {call.kv_len} keys: blocksparse computes only reachable key blocks{where}")
 
@@ -99,6 +100,20 @@ class BlockSparseBackend:
         if call.bias_needs_grad:
             reasons.append("blocksparse gives no gradient to the bias (use backend='sdpa' or 'math' to train a bias)")
         return reasons
+
+    def work(self, call: AttentionCall) -> dict[str, float]:
+        """What it computes (``backends.cost``): its plans' pieces (the mask's block cover) as stacked kernel
+        calls, or the document runs; with a bias or softcap on the tiled kernel or the offset table's pieces."""
+        prepared = call.prepared
+        if call.q_len < SPARSE_MIN_QUERIES and _allow_causal(call) and prepared is not None and not prepared.is_tensor:
+            return reach_work(call, prepared.spec.reach(), prepared.spec.offsets() is not None)
+        runs = document_runs(call)
+        if runs is not None:
+            return runs_work(call, runs)
+        work = plans_work(call, make_plans(call), per_row_mask=prepared is not None and prepared.spec.batch > 1)
+        if not _allow_causal(call):
+            return tiled_work(work, on_sdpa=_offset_pieces_on_sdpa(call))
+        return work
 
     def plan(self, call: AttentionCall) -> str:
         runs = document_runs(call)

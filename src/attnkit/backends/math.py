@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from attnkit._validation import AttentionCall
 from attnkit.backends.base import Rank
+from attnkit.backends.cost import dense_work
 from attnkit.functional.reference import reference_from_call
 
 
@@ -23,6 +24,10 @@ class MathBackend:
         if call.return_weights:
             return Rank(0, "return_weights=True: only math returns the probabilities")
         return Rank(0, "the reference path, which serves every request (no faster backend can serve this call)")
+
+    def work(self, call: AttentionCall) -> dict[str, float]:
+        """What it computes (``backends.cost``): the (B, H, Lq, Lk) scores, materialised, and a bias."""
+        return dense_work(call, scores=True, bias=call.bias is not None)
 
     def plan(self, call: AttentionCall) -> str:
         return "materialises the (B, H, Lq, Lk) scores; O(Lq x Lk) memory"
