@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from attnkit.backends import cost
-from attnkit.bench import routing, tune
+from attnkit.bench import tune
 from attnkit.cli.main import main
 
 

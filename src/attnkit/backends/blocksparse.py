@@ -31,7 +31,7 @@ from attnkit._bias import StructuredBias
 from attnkit._validation import AttentionCall
 from attnkit.backends.base import Rank, is_long, skippable_structure
 from attnkit.backends.block_plan import Piece, Plan, make_plan
-from attnkit.backends.cost import plans_work, reach_work, runs_work, tiled_work
+from attnkit.backends.cost import blocksparse_work
 from attnkit.backends.relative import (
     BLOCK,
     HALF_KEY_ROW_SPAN,
@@ -102,18 +102,9 @@ class BlockSparseBackend:
         return reasons
 
     def work(self, call: AttentionCall) -> dict[str, float]:
-        """What it computes (``backends.cost``): its plans' pieces (the mask's block cover) as stacked kernel
-        calls, or the document runs; with a bias or softcap on the tiled kernel or the offset table's pieces."""
-        prepared = call.prepared
-        if call.q_len < SPARSE_MIN_QUERIES and _allow_causal(call) and prepared is not None and not prepared.is_tensor:
-            return reach_work(call, prepared.spec.reach(), prepared.spec.offsets() is not None)
-        runs = document_runs(call)
-        if runs is not None:
-            return runs_work(call, runs)
-        work = plans_work(call, make_plans(call), per_row_mask=prepared is not None and prepared.spec.batch > 1)
-        if not _allow_causal(call):
-            return tiled_work(work, on_sdpa=_offset_pieces_on_sdpa(call))
-        return work
+        """What it computes (:func:`attnkit.backends.cost.blocksparse_work`): its plans' pieces or document runs."""
+        return blocksparse_work(call, document_runs, make_plans, SPARSE_MIN_QUERIES, not _allow_causal(call),
+                                _offset_pieces_on_sdpa(call))
 
     def plan(self, call: AttentionCall) -> str:
         runs = document_runs(call)

@@ -37,6 +37,8 @@ FEATURES = {
     "call": "the call itself (its fixed overhead: checks, views, output)",
     "kernels": "kernel launches (one per stacked group of pieces, per document bucket)",
     "entries": "query x key entries computed, times the head dim (a causal square counts half)",
+    "kv": "key and value elements read (B x Hkv x keys x 2D): what a decode step's time follows",
+    "rows": "query and output elements (B x H x Lq x 2D)",
     "mask": "mask entries the kernel reads (a dense bool mask over the computed entries)",
     "mask_eval": "mask entries evaluated from the mask's function (per piece, per batch row with data)",
     "gather": "rows of q, k, v copied into stacked pieces, times the head dim",
@@ -210,12 +212,28 @@ def use(calibration: Calibration | None) -> Iterator[Calibration | None]:
 
 
 # ------------------------------------------------------------------------------------------ built-in work
+def blocksparse_work(call: AttentionCall, document_runs, make_plans, min_queries: int, tiled: bool,
+                     on_sdpa: bool) -> dict[str, float]:
+    """blocksparse's work: a few queries (below ``min_queries``) as one piece over the mask's reach; packed
+    documents as their runs; else its plans' pieces (the mask's block cover), stacked per shape; with a bias or
+    softcap (``tiled``) on the tiled kernel or, ``on_sdpa``, as SDPA pieces against the offset table."""
+    prepared = call.prepared
+    if call.q_len < min_queries and not tiled and prepared is not None and not prepared.is_tensor:
+        return reach_work(call, prepared.spec.reach(), prepared.spec.offsets() is not None)
+    runs = document_runs(call)
+    if runs is not None:
+        return runs_work(call, runs)
+    work = plans_work(call, make_plans(call), per_row_mask=prepared is not None and prepared.spec.batch > 1)
+    return tiled_work(work, on_sdpa=on_sdpa) if tiled else work
+
+
 def dense_work(call: AttentionCall, *, causal: bool = False, mask: bool = False, scores: bool = False,
                bias: bool = False) -> dict[str, float]:
     """One kernel over every ``Lq x Lk`` entry (half with a causal flag): SDPA, eager, math."""
     B, H, Lq, D = call.q.shape
     pairs = B * H * Lq * call.kv_len
-    work = {"call": 1.0, "kernels": 1.0, "entries": pairs * D / (2 if causal else 1)}
+    work = {"call": 1.0, "kernels": 1.0, "entries": pairs * D / (2 if causal else 1),
+            "kv": 2.0 * B * call.num_kv_heads * call.kv_len * D, "rows": 2.0 * B * H * Lq * D}
     if mask:
         work["mask"] = float(pairs)
     if scores:
@@ -228,7 +246,8 @@ def dense_work(call: AttentionCall, *, causal: bool = False, mask: bool = False,
 def plans_work(call: AttentionCall, plans, *, per_row_mask: bool) -> dict[str, float]:
     """Block-sparse plans (``backends.block_plan.Plan``): what their stacked piece groups compute."""
     H, Hkv, D = call.num_heads, call.num_kv_heads, call.q.shape[3]
-    work = {"call": 1.0, "kernels": 0.0, "entries": 0.0, "mask": 0.0, "mask_eval": 0.0, "gather": 0.0}
+    work = {"call": 1.0, "kernels": 0.0, "entries": 0.0, "mask": 0.0, "mask_eval": 0.0, "gather": 0.0, "kv": 0.0,
+            "rows": 2.0 * call.batch * H * call.q_len * D}
     for plan in plans:
         R = plan.rows.numel()
         if plan.q_perm is not None:  # regrouped by residue: q, k, v permuted once
@@ -237,6 +256,7 @@ def plans_work(call: AttentionCall, plans, *, per_row_mask: bool) -> dict[str, f
             T = len(ids)
             work["kernels"] += 1
             work["entries"] += T * R * H * lq * lk * D / (2 if mode == "causal" else 1)
+            work["kv"] += 2.0 * T * R * Hkv * lk * D
             if T > 1 or len(plan.pieces[ids[0]].kv) > 1:
                 work["gather"] += T * R * (H * lq + 2 * Hkv * lk) * D
             if mode == "mask":
@@ -255,7 +275,8 @@ def reach_work(call: AttentionCall, reach: tuple[int | None, int | None], exact:
     first = 0 if lo is None else max(0, Lk - Lq + lo)
     last = Lk - 1 if hi is None else min(Lk - 1, Lk - 1 + hi)
     keys = max(0, last - first + 1)
-    work = {"call": 1.0, "kernels": 1.0, "entries": float(B * H * Lq * keys * D)}
+    work = {"call": 1.0, "kernels": 1.0, "entries": float(B * H * Lq * keys * D),
+            "kv": 2.0 * B * call.num_kv_heads * keys * D, "rows": 2.0 * B * H * Lq * D}
     if not exact:
         work["mask"] = float(B * H * Lq * keys)
         work["mask_eval"] = float(Lq * keys)
@@ -266,7 +287,7 @@ def tiled_work(work: dict[str, float], *, on_sdpa: bool) -> dict[str, float]:
     """Plans whose pieces carry a bias or softcap: the tiled kernel's entries, or SDPA pieces against the
     offset table (``on_sdpa``)."""
     return {"call": 1.0, "kernels": work["kernels"], "table" if on_sdpa else "tiled": work["entries"],
-            "gather": work["gather"]}
+            "gather": work["gather"], "kv": work["kv"], "rows": work["rows"]}
 
 
 def runs_work(call: AttentionCall, runs) -> dict[str, float]:
@@ -274,7 +295,8 @@ def runs_work(call: AttentionCall, runs) -> dict[str, float]:
     B, H, L, D = call.q.shape
     buckets = max(1, len(runs.buckets))
     return {"call": 1.0, "kernels": float(buckets), "entries": runs.density() * B * H * L * L * D,
-            "gather": 0.0 if runs.whole_rows else 3.0 * B * L * H * D}
+            "gather": 0.0 if runs.whole_rows else 3.0 * B * L * H * D, "kv": 2.0 * B * call.num_kv_heads * L * D,
+            "rows": 2.0 * B * H * L * D}
 
 
 # ------------------------------------------------------------------------------------------ built-in defaults

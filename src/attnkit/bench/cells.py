@@ -29,12 +29,15 @@ def _docs(L: int) -> torch.Tensor:
     return ids[None]
 
 
+def _window(w: int) -> Callable[[int], object]:
+    return lambda L: M.causal() & M.sliding_window(w)
+
+
 #: kind -> (mask builder (L) -> mask, extra ak.attention kwargs builder (H) -> dict)
 KINDS: dict[str, tuple[Callable[[int], object], Callable[[int], dict]]] = {
     "none": (lambda L: None, lambda H: {}),
     "causal": (lambda L: M.causal(), lambda H: {}),
-    **{f"sliding{w}": ((lambda w: lambda L: M.causal() & M.sliding_window(w))(w), lambda H: {})
-       for w in (64, 128, 256, 512, 1024)},
+    **{f"sliding{w}": (_window(w), lambda H: {}) for w in (64, 128, 256, 512, 1024)},
     "chunked256": (lambda L: M.chunked(256) & M.causal(), lambda H: {}),
     "documents": (lambda L: M.causal() & M.document(_docs(L)), lambda H: {}),
     "padding": (lambda L: M.padding([L * 3 // 4]), lambda H: {}),

@@ -7,7 +7,9 @@ by side (round-robin medians, one process), then:
 
 - **regret** of auto's choice by predicted cost (the calibration in force: ``attnkit tune``'s file or the built-in
   defaults), and
-- **baseline regret** of the choice by rank alone (``cost.use(None)``: the router before cost routing, same run).
+- **baseline regret** of the choice by rank alone (``cost.use(None)``: the router before cost routing, same run),
+- **useful GFLOP/s** of every backend: the FLOPs of the allowed pairs only (4 D per pair and head, x3 with the
+  backward) over its time.
 
 ``math`` and ``eager`` materialise every score: they are timed only up to ``DENSE_MAX_ENTRIES`` query x key entries
 per head (and always when a router picks them), since at L = 1024 math ran 35x slower than blocksparse.
@@ -72,10 +74,20 @@ def measure(cell: Cell, repeats: int) -> dict:
     with torch.set_grad_enabled(cell.direction == "train"):
         times = round_robin({n: cells.runner(cell, n) for n in names}, repeats, warmup=1)
     fastest = min(times, key=times.get)
+    flops = useful_flops(cell)
     return {"cell": cell.name, "kind": cell.kind, "L": cell.L, "Lq": cell.Lq, "heads": cell.heads,
             "dtype": cell.dtype, "direction": cell.direction, "times_ms": {n: 1e3 * t for n, t in times.items()},
             "fastest": fastest, "auto": by_cost, "baseline": by_rank,
-            "regret": times[by_cost] / times[fastest], "baseline_regret": times[by_rank] / times[fastest]}
+            "regret": times[by_cost] / times[fastest], "baseline_regret": times[by_rank] / times[fastest],
+            "useful_gflops": {n: flops / t / 1e9 for n, t in times.items()}}
+
+
+def useful_flops(cell: Cell) -> float:
+    """FLOPs of the allowed (query, key) pairs only: 4 D per pair and head (q k^T and p v), x3 with the backward."""
+    q, _, _, mask, _ = cells.make(cell)
+    H = q.shape[1]
+    pairs = cell.Lq * cell.L if mask is None else float(mask.dense().expand(1, 1, cell.Lq, cell.L).sum())
+    return 4.0 * H * pairs * cells.D * (3 if cell.direction == "train" else 1)
 
 
 def summarise(rows: list[dict]) -> dict:

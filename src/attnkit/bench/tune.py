@@ -29,7 +29,7 @@ KINDS = ("none", "causal", "sliding128", "sliding512", "chunked256", "documents"
 LENGTHS = (256, 1024, 2048)
 DECODE = (("causal", 1024), ("causal", 4096), ("sliding128", 4096), ("padding", 2048))
 #: dense backends (every Lq x Lk score materialised) are timed up to this many entries per head: they grow as L^2
-DENSE_MAX_ENTRIES = 1024 * 1024
+DENSE_MAX_ENTRIES = 512 * 512
 DENSE = ("eager", "math")
 
 
@@ -39,10 +39,10 @@ def grid(dtypes: Iterable[str], directions: Iterable[str], quick: bool = False) 
     out = []
     for dtype in dtypes:
         for direction in directions:
-            for heads in ("GQA",) if quick else ("GQA", "MHA"):
-                out += [Cell(kind, L, L, heads, dtype, direction) for kind in kinds for L in lengths]
-                if direction == "forward":
-                    out += [Cell(kind, L, 1, heads, dtype, direction) for kind, L in DECODE]
+            out += [Cell(kind, L, L, "GQA", dtype, direction) for kind in kinds for L in lengths]
+            out += [Cell(kind, L, L, "MHA", dtype, direction) for kind in kinds[:4] for L in lengths[-2:]]
+            if direction == "forward":
+                out += [Cell(kind, L, 1, heads, dtype, direction) for kind, L in DECODE for heads in ("GQA", "MHA")]
     return out
 
 
@@ -81,19 +81,29 @@ def calibrate(dtypes: Iterable[str] = ("fp32", "bf16"), directions: Iterable[str
               quick: bool = False, repeats: int = 3, log: Callable[[str], None] = print) -> cost.Calibration:
     """Time the grid and fit a :class:`~attnkit.backends.cost.Calibration` (see the module docstring)."""
     samples: dict[str, list[tuple[dict[str, float], float]]] = {}
+    names: dict[str, list[str]] = {}
     todo = grid(dtypes, directions, quick)
     with cost.use(None):  # (routing is not under test here: every backend is forced by name)
         for i, cell in enumerate(todo):
             for name, (work, seconds) in measure(cell, repeats).items():
                 key = f"{name}/{cost.dtype_name(cells.DTYPES[cell.dtype])}/{cell.direction}"
                 samples.setdefault(key, []).append((work, seconds))
+                names.setdefault(key, []).append(cell.name)
             if log and (i + 1) % 20 == 0:
                 log(f"  {i + 1}/{len(todo)} calls timed")
     table = {key: fit(rows) for key, rows in sorted(samples.items())}
     errors = {key: _worst_error(table[key], rows) for key, rows in samples.items()}
+    worst = {key: _worst_cells(table[key], rows, names[key]) for key, rows in samples.items()}
     meta = {"cells": len(todo), "repeats": repeats, "quick": quick, "threads": torch.get_num_threads(),
-            "worst_relative_error": errors}
+            "worst_relative_error": errors, "worst_cells": worst}
     return cost.Calibration(table, "attnkit tune", cost.device_name("cpu"), meta)
+
+
+def _worst_cells(coef: dict[str, float], rows, names: list[str], n: int = 4) -> list[str]:
+    """The ``n`` worst fitted calls: ``"cell: predicted/measured"``."""
+    ratios = [(sum(a * coef.get(k, 0.0) for k, a in work.items()) / t, name) for (work, t), name in zip(rows, names)]
+    ratios.sort(key=lambda r: -abs(math.log(max(r[0], 1e-12))))
+    return [f"{name}: {r:.2f}x" for r, name in ratios[:n]]
 
 
 def _worst_error(coef: dict[str, float], rows) -> float:
