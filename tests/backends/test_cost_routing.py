@@ -141,9 +141,12 @@ def test_explain_prints_every_capable_backends_predicted_time_and_its_parts():
     with cost.use(FAIR):
         e = chosen(1024, M.prepare(M.causal() & M.sliding_window(128), 1024))
     text = str(e)
-    assert set(e.costs) == {"sdpa", "blocksparse", "eager", "math"}  # (eager ranks -5 here, but is priced too)
-    for name in ("sdpa", "math"):
-        assert f"{name}: could serve, predicted {e.costs[name]}" in text
+    assert set(e.costs) == {"sdpa", "blocksparse"}  # math and eager: priced up to 512 x 512 entries per head only
+    assert f"sdpa: could serve, predicted {e.costs['sdpa']}" in text
+    assert "math: could serve, ranks lower" in text
+    with cost.use(FAIR):
+        short = chosen(256, M.prepare(M.causal() & M.sliding_window(128), 256))
+    assert set(short.costs) == {"sdpa", "blocksparse", "eager", "math"}  # (eager ranks -5 here, but is priced)
     assert any(w.startswith(f"predicted {e.costs['blocksparse']}") for w in e.why), e.why
     parts = dict((n, s) for n, _, s in e.costs["blocksparse"].parts)
     assert parts["kernels"] == pytest.approx(5e-5 * dict((n, a) for n, a, _ in e.costs["blocksparse"].parts)["kernels"])

@@ -39,6 +39,7 @@ FEATURES = {
     "entries": "query x key entries computed, times the head dim (a causal square counts half)",
     "kv": "key and value elements read (B x Hkv x keys x 2D): what a decode step's time follows",
     "rows": "query and output elements (B x H x Lq x 2D)",
+    "decode": "a call with fewer than FEW_QUERIES queries (its own fixed cost)",
     "mask": "mask entries the kernel reads (a dense bool mask over the computed entries)",
     "mask_eval": "mask entries evaluated from the mask's function (per piece, per batch row with data)",
     "gather": "rows of q, k, v copied into stacked pieces, times the head dim",
@@ -48,6 +49,13 @@ FEATURES = {
     "table": "entries computed on SDPA pieces with an offset table's bias slice (ALiBi inference), times the head dim",
 }
 DIRECTIONS = ("forward", "train")
+#: backends that materialise every score (eager, math) are priced up to this many query x key entries per head,
+#: the range ``attnkit tune`` times them in: beyond it their time grows faster than their entries (the scores
+#: leave the caches; math at L = 1024 ran 4-6x its linear prediction), so they compete by rank there
+DENSE_PRICED_MAX_ENTRIES = 512 * 512
+#: calls with fewer queries (decode steps, short chunks) get an intercept of their own (feature ``decode``): their
+#: kernels take other paths, whose fixed cost differs from a prefill's
+FEW_QUERIES = 128
 
 
 def direction(call: AttentionCall) -> str:
@@ -228,12 +236,17 @@ def blocksparse_work(call: AttentionCall, document_runs, make_plans, min_queries
 
 
 def dense_work(call: AttentionCall, *, causal: bool = False, mask: bool = False, scores: bool = False,
-               bias: bool = False) -> dict[str, float]:
-    """One kernel over every ``Lq x Lk`` entry (half with a causal flag): SDPA, eager, math."""
+               bias: bool = False) -> dict[str, float] | None:
+    """One kernel over every ``Lq x Lk`` entry (half with a causal flag): SDPA, eager, math (``scores``: None
+    past :data:`DENSE_PRICED_MAX_ENTRIES`)."""
     B, H, Lq, D = call.q.shape
+    if scores and Lq * call.kv_len > DENSE_PRICED_MAX_ENTRIES:
+        return None
     pairs = B * H * Lq * call.kv_len
     work = {"call": 1.0, "kernels": 1.0, "entries": pairs * D / (2 if causal else 1),
             "kv": 2.0 * B * call.num_kv_heads * call.kv_len * D, "rows": 2.0 * B * H * Lq * D}
+    if Lq < FEW_QUERIES:
+        work["decode"] = 1.0
     if mask:
         work["mask"] = float(pairs)
     if scores:
@@ -276,7 +289,7 @@ def reach_work(call: AttentionCall, reach: tuple[int | None, int | None], exact:
     last = Lk - 1 if hi is None else min(Lk - 1, Lk - 1 + hi)
     keys = max(0, last - first + 1)
     work = {"call": 1.0, "kernels": 1.0, "entries": float(B * H * Lq * keys * D),
-            "kv": 2.0 * B * call.num_kv_heads * keys * D, "rows": 2.0 * B * H * Lq * D}
+            "kv": 2.0 * B * call.num_kv_heads * keys * D, "rows": 2.0 * B * H * Lq * D, "decode": 1.0}
     if not exact:
         work["mask"] = float(B * H * Lq * keys)
         work["mask_eval"] = float(Lq * keys)

@@ -58,7 +58,7 @@ class EagerBackend:
         return Rank(8, "a softcap, which no fused kernel has, on a short call: q k^T, softcap, mask, softmax, @ v "
                        "as a few PyTorch ops")
 
-    def work(self, call: AttentionCall) -> dict[str, float]:
+    def work(self, call: AttentionCall) -> dict[str, float] | None:
         """What it computes (``backends.cost``): the (B, H, Lq, Lk) scores, materialised, and a bias."""
         return dense_work(call, scores=True, bias=call.bias is not None)
 

@@ -25,7 +25,7 @@ class MathBackend:
             return Rank(0, "return_weights=True: only math returns the probabilities")
         return Rank(0, "the reference path, which serves every request (no faster backend can serve this call)")
 
-    def work(self, call: AttentionCall) -> dict[str, float]:
+    def work(self, call: AttentionCall) -> dict[str, float] | None:
         """What it computes (``backends.cost``): the (B, H, Lq, Lk) scores, materialised, and a bias."""
         return dense_work(call, scores=True, bias=call.bias is not None)
 

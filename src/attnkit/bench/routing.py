@@ -38,7 +38,7 @@ KINDS = ("none", "causal", "sliding64", "sliding128", "sliding256", "sliding512"
 #: a few kinds also with MHA heads, and at the short end of the lengths
 MHA_KINDS = ("causal", "sliding128", "padding")
 DECODE = (("causal", 4096), ("sliding128", 4096), ("padding", 2048))
-DENSE_MAX_ENTRIES = 512 * 512
+DENSE_MAX_ENTRIES = cost.DENSE_PRICED_MAX_ENTRIES
 DENSE = ("eager", "math")
 #: the targets of issue 32
 WORST_TARGET, GEOMEAN_TARGET = 1.25, 1.05

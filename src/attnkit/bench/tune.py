@@ -29,7 +29,7 @@ KINDS = ("none", "causal", "sliding128", "sliding512", "chunked256", "documents"
 LENGTHS = (256, 1024, 2048)
 DECODE = (("causal", 1024), ("causal", 4096), ("sliding128", 4096), ("padding", 2048))
 #: dense backends (every Lq x Lk score materialised) are timed up to this many entries per head: they grow as L^2
-DENSE_MAX_ENTRIES = 512 * 512
+DENSE_MAX_ENTRIES = cost.DENSE_PRICED_MAX_ENTRIES
 DENSE = ("eager", "math")
 
 
@@ -58,8 +58,9 @@ def measure(cell: Cell, repeats: int) -> dict[str, tuple[dict[str, float], float
                 continue
             if name in DENSE and cell.Lq * cell.L > DENSE_MAX_ENTRIES:
                 continue
-            works[name] = backend.work(call)
-            fns[name] = cells.runner(cell, name)
+            work = backend.work(call)
+            if work is not None:
+                works[name], fns[name] = work, cells.runner(cell, name)
     if not fns:
         return {}
     times = round_robin(fns, repeats, warmup=1)
