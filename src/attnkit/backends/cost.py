@@ -11,7 +11,7 @@ The coefficients are measured per machine by ``attnkit tune`` (:mod:`attnkit.ben
 that times every backend on a few calls and fits the coefficients, non-negative least squares) and cached in
 the user's cache folder (``$ATTNKIT_CACHE_DIR`` or ``$XDG_CACHE_HOME/attnkit`` or ``~/.cache/attnkit``), one
 file per device and torch version, a table per dtype; never in the repository. Without a calibration file the
-built-in defaults (:data:`DEFAULTS`, measured on a 2-core Xeon with AMX) price CPU calls; on another device type
+built-in defaults (:data:`DEFAULTS`, measured on the development machine) price CPU calls; on another device type
 without a calibration ``auto`` routes by rank alone. Nothing is timed on first use: routing reads the cache file
 once per process (``ATTNKIT_CALIBRATION=builtin`` skips it). Decisions are deterministic for a given
 calibration: tests pin one with :func:`use`.
@@ -261,6 +261,8 @@ def plans_work(call: AttentionCall, plans, *, per_row_mask: bool) -> dict[str, f
     H, Hkv, D = call.num_heads, call.num_kv_heads, call.q.shape[3]
     work = {"call": 1.0, "kernels": 0.0, "entries": 0.0, "mask": 0.0, "mask_eval": 0.0, "gather": 0.0, "kv": 0.0,
             "rows": 2.0 * call.batch * H * call.q_len * D}
+    if call.q_len < FEW_QUERIES:
+        work["decode"] = 1.0
     for plan in plans:
         R = plan.rows.numel()
         if plan.q_perm is not None:  # regrouped by residue: q, k, v permuted once
@@ -313,7 +315,31 @@ def runs_work(call: AttentionCall, runs) -> dict[str, float]:
 
 
 # ------------------------------------------------------------------------------------------ built-in defaults
-#: measured with ``attnkit tune`` on the development machine (2-core Xeon with AMX, torch 2.13, one thread);
-#: seconds per unit of each feature
-DEFAULTS: dict[str, dict[str, float]] = {}
+#: measured with ``attnkit tune --repeats 2`` on the development machine (2-core AMD EPYC, torch 2.13.0+cpu, one
+#: thread, 2026-12-06 21:56 UTC, shared: 1-minute load 4-7); seconds per unit of each feature (zeros left out)
+DEFAULTS: dict[str, dict[str, float]] = {
+    "blocksparse/bfloat16/forward": {
+        "decode": 0.0002, "entries": 4.97e-11, "gather": 3.45e-10, "kv": 8.04e-10, "mask": 4.44e-10,
+        "rows": 3.64e-09, "table": 4.47e-11, "tiled": 1.21e-10
+    },
+    "blocksparse/bfloat16/train": {
+        "entries": 1.32e-10, "gather": 3.99e-09, "kernels": 0.000369, "kv": 1.82e-09, "rows": 1.6e-08,
+        "tiled": 1.71e-10
+    },
+    "blocksparse/float32/forward": {
+        "decode": 0.000138, "entries": 8.76e-11, "gather": 5.18e-09, "kv": 1.42e-10, "rows": 2.13e-09,
+        "table": 2.26e-10, "tiled": 4.38e-10
+    },
+    "blocksparse/float32/train": {"entries": 2.16e-10, "gather": 2.67e-10, "rows": 1.92e-08, "tiled": 2.92e-10},
+    "math/bfloat16/forward": {"bias": 1.19e-09, "decode": 0.000545, "entries": 1.46e-10, "kv": 1.75e-10},
+    "math/bfloat16/train": {"bias": 6.02e-10, "call": 0.0118},
+    "math/float32/forward": {"bias": 3.73e-08, "decode": 0.000118, "entries": 2.42e-10, "kv": 4.45e-10},
+    "math/float32/train": {"bias": 4.53e-09, "call": 0.0166},
+    "sdpa/bfloat16/forward": {
+        "bias": 3.03e-09, "decode": 0.000809, "entries": 5.39e-11, "kv": 6.32e-10, "rows": 1.3e-09
+    },
+    "sdpa/bfloat16/train": {"bias": 4.11e-09, "entries": 1.42e-10, "kv": 2.14e-09, "rows": 1.12e-08},
+    "sdpa/float32/forward": {"bias": 2.74e-08, "decode": 2.68e-05, "entries": 8.64e-11, "kv": 2.81e-10},
+    "sdpa/float32/train": {"bias": 4.21e-09, "entries": 2.27e-10, "mask": 9.82e-10, "rows": 9.92e-09},
+}
 DEFAULT_CALIBRATION = Calibration(DEFAULTS, "built-in defaults", "cpu")

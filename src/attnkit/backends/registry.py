@@ -217,7 +217,7 @@ def predict(backend: Backend, call: AttentionCall, calibration: cost.Calibration
     coefficients for it, its dtype and direction)."""
     work = getattr(backend, "work", None)
     calibration = cost.active(call.q.device) if calibration is None else calibration
-    if work is None or calibration is None:
+    if work is None or calibration is None or call.is_empty:  # (an empty call runs no kernel: any backend will do)
         return None
     coefficients = calibration.coefficients(backend.name, call.q.dtype, cost.direction(call))
     if coefficients is None:  # (asked first: a plan is built only for a backend that can be priced)
