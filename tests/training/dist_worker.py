@@ -13,7 +13,7 @@ import sys
 import time
 
 from attnkit.cli.main import main
-from attnkit.training import loop
+from attnkit.training import loop, start
 
 RANK = int(os.environ["RANK"])
 
@@ -24,16 +24,16 @@ def own_decisions():
         choice = "bf16" if RANK == 1 else "fp32"
         return choice, {"summary": f"rank {RANK} measured", "median_s": {choice: 0.01 * (1 + 3 * RANK)}}
 
-    loop.choose_precision = choose
+    start.choose_precision = choose
 
 
 def stops():
     real = loop.optimizer_step
 
-    def step(trainer, number):
-        if RANK == 1 and number == 3:
+    def step(setup, progress, **kwargs):
+        if RANK == 1 and progress.step + 1 == 3:
             time.sleep(3600)
-        return real(trainer, number)
+        return real(setup, progress, **kwargs)
 
     loop.optimizer_step = step
 

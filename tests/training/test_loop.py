@@ -14,7 +14,7 @@ from attnkit.errors import AttnkitValueError
 from attnkit.models.builders import build_lm
 from attnkit.runs import write as ckpt
 from attnkit.runs.write import list_checkpoints
-from attnkit.training import TrainConfig, Trainer, loop, param_groups, train
+from attnkit.training import TrainConfig, Trainer, param_groups, start, train
 from attnkit.training import precision as prec
 from attnkit.training.metrics import read_metrics
 from attnkit.training.schedule import lr_at
@@ -86,7 +86,7 @@ def test_auto_precision_is_recorded_with_its_evidence_and_kept_on_resume(tmp_pat
         return ("fp32", {"summary": "fake measurement", "median_s": {"fp32": 0.01, "bf16": 0.02}}) if len(calls) == 1 \
             else ("bf16", {"summary": "the other answer"})
 
-    monkeypatch.setattr(loop, "choose_precision", fake_choose)
+    monkeypatch.setattr(start, "choose_precision", fake_choose)
     train(small_config(tmp_path, precision="auto", steps=4, ckpt_every=4), log=lambda *a: None)
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["precision"] == "fp32" and config["precision_evidence"]["summary"] == "fake measurement"

@@ -4,7 +4,7 @@ mask rules that make cached decoding equal to the full forward.
 A cache stores keys and values ``(B, Hkv, Lnew, D)`` of new tokens together with their absolute positions
 ``(B|1, Lnew)``, and returns every key the new queries may need with the absolute position of each. Masks are
 then evaluated on those positions (bottom-right causality, windows, padding by position with
-:func:`attnkit.models.generation.padding_by_position`), never on "the last n columns", so slot order, ring
+``ak.masks.padding(start=...)``), never on "the last n columns", so slot order, ring
 wrap-around and left padding cannot shift a mask.
 
 Rules enforced by every attnkit cache (typed errors, nothing silently dropped):
@@ -62,12 +62,7 @@ def index_parts(mask: object) -> list[MaskSpec]:
     """The leaves of ``mask`` defined on key/query *indices* rather than positions (``padding``, ``document``,
     ``dense``): right only where the cache returns keys in the order they were written."""
     mask = getattr(mask, "spec", mask)
-    if not isinstance(mask, MaskSpec):
-        return []
-    children = getattr(mask, "parts", None) or ([mask.inner] if hasattr(mask, "inner") else None)
-    if children:
-        return [leaf for child in children for leaf in index_parts(child)]
-    return [] if mask.positional else [mask]
+    return [leaf for leaf in mask.leaves() if not leaf.positional] if isinstance(mask, MaskSpec) else []
 
 
 def _covers(outer: tuple[int | None, int | None], inner: tuple[int | None, int | None]) -> bool:

@@ -52,9 +52,9 @@ class SlidingWindowCache(CacheBase):
         if by_index:  # the ring returns keys in slot order, which stops being position order once it wraps
             raise AttnkitValueError(
                 f"a sliding-window cache returns its keys in ring order, but mask={mask!r} has parts defined on key "
-                f"indices ({', '.join(type(p).__name__ for p in by_index)}), which would point at the wrong keys once "
-                "the ring wraps; express padding by position (attnkit.models.generation.padding_by_position), or use a "
-                "dynamic/static cache.")
+                f"indices ({', '.join(p.kind for p in by_index)}), which would point at the wrong keys once "
+                "the ring wraps; express padding by position (ak.masks.padding(start=first_real_positions)), or use "
+                "a dynamic/static cache.")
 
     def _store(self, k, v, positions):
         W, n, start = self.window, k.shape[2], self.length

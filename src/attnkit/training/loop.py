@@ -39,17 +39,16 @@ from attnkit.training.config import RESUME_HONOURS, TrainConfig, setting  # noqa
 from attnkit.training.data import ByteTokenizer, unigram_loss
 from attnkit.training.deadline import Deadline
 from attnkit.training.interrupt import StopRequest, stop_requests
-from attnkit.training.metrics import plot_loss
-from attnkit.training.precision import choose_precision
+from attnkit.training.metrics import MetricsWriter, plot_loss
 from attnkit.training.sampling import sample_text
 from attnkit.training.schedule import lr_at
+from attnkit.training.state import Progress, Setup
 from attnkit.training.steps import (  # noqa: F401  (param_groups, lm_loss, evaluate, verdict: re-exported)
     evaluate,
     lm_loss,
     optimizer_step,
     param_groups,
     progress_bar,
-    time_once,
     verdict,
 )
 
@@ -66,6 +65,19 @@ class TrainResult:
     samples: dict = field(default_factory=dict)
 
 
+def _from(holder: str, name: str, doc: str = "") -> property:
+    """A read-only attribute of the trainer that is a field of its ``setup`` or ``progress`` (the hook API)."""
+    return property(lambda self: getattr(getattr(self, holder), name), doc=doc or f"``{holder}.{name}``")
+
+
+def _quiet(*args, **kwargs) -> None:
+    pass
+
+
+def _text(path: str | Path | None) -> str | None:
+    return None if path is None else str(path)
+
+
 class Trainer:
     """One run: data, model, optimizer, schedule and outputs; :meth:`run` trains to the last step.
 
@@ -78,12 +90,24 @@ class Trainer:
     extends the run: the schedule keeps its warmup + cosine to the original end, then holds the minimum rate.
     ``init_from``: start a new run from a checkpoint's weights (fine-tuning): its model, fresh optimizer, step 0.
     ``names(field)``: how messages name a setting (the field itself; the CLI passes its flags).
+
+    The state is two declared values (:mod:`attnkit.training.state`): :attr:`setup`, what the run is built from,
+    and :attr:`progress`, where it stands (replaced after every step, here only). Hooks read both through the
+    properties below (``trainer.model``, ``trainer.step``, ...).
     """
 
     def __init__(self, config: TrainConfig, *, resume: str | Path | None = None, init_from: str | Path | None = None,
                  given: set[str] | frozenset[str] = frozenset(), log=print, names=setting, clock=time.monotonic,
                  spent_s: float = 0.0):
-        self.ddp, self.folder, self._failed, self.ctx = None, None, False, None
+        self.names, self._log = names, log
+        self.ctx: dist.DistContext | None = None
+        self.groups: cp.Groups | None = None
+        self.setup: Setup | None = None
+        self.progress: Progress | None = None
+        self.ddp: DistributedDataParallel | None = None
+        self.folder: RunFolder | None = None  # rank 0's lock on the run folder
+        self.metrics: MetricsWriter | None = None  # rank 0's metrics.jsonl, open while the run trains
+        self._failed = False
         # a time budget counts from here (data loading and the probe included) plus the caller's ``spent_s``;
         # only a new run re-plans
         self.deadline = (Deadline(config.time_budget, clock, spent_s=spent_s) if config.time_budget is not None and resume is None
@@ -91,9 +115,8 @@ class Trainer:
         self.closing_s = {"eval": 0.0, "save": 0.0, "sample": 0.0}  # measured costs of what ends a run
         self.stop_request = StopRequest()  # replaced by the one run() installs for SIGINT/SIGTERM
         self.hooks: list = []  # hook(trainer, record) after each step (main process), see train()
-        self.names = names
         try:
-            self._setup(config, resume, init_from, frozenset(given), log)
+            self._setup(config, resume, init_from, frozenset(given))
         except BaseException as exc:  # a refusal after the lock was taken must not keep the folder locked
             self._failed = True
             self.close()
@@ -102,90 +125,92 @@ class Trainer:
                 raise peer from exc
             raise
 
+    # the hook API: the run's values by name
+    config = property(lambda self: self.progress.settings(self.setup.config) if self.progress else self.setup.config,
+                      doc="The run's settings (a time budget's ``steps``: its current plan).")
+    model_config = _from("setup", "model_config")
+    model = _from("setup", "model")
+    optimizer = _from("setup", "optimizer")
+    tokenizer = property(lambda self: self.setup.tokenizer, doc="The byte tokenizer.")
+    resume_state = _from("setup", "resume_state")
+    init_state = _from("setup", "init_state")
+    run_dir = _from("setup", "run_dir")
+    seq_len = property(lambda self: self.setup.data.seq_len, doc="Tokens per row.")
+    train_data = property(lambda self: self.setup.data.train_data, doc="The packed training rows.")
+    val_data = property(lambda self: self.setup.data.val_data, doc="The packed validation rows.")
+    data_sha256 = property(lambda self: self.setup.data.data_sha256, doc="The training data's fingerprint.")
+    run_id = _from("progress", "run_id")
+    step = _from("progress", "step", "Optimizer steps done.")
+    total_steps = _from("progress", "total_steps", "Optimizer steps planned.")
+    schedule_steps = _from("progress", "schedule_steps", "The step at which the cosine schedule ends.")
+    precision = _from("progress", "precision")
+    precision_evidence = _from("progress", "precision_evidence")
+    first_plan = _from("progress", "first_plan", "A time budget's first plan (steps), else None.")
+    device = property(lambda self: self.ctx.device, doc="This rank's device.")
+    log = property(lambda self: self._log if self.ctx is None or self.ctx.is_main else _quiet,
+                   doc="The run's log (silent on ranks other than 0).")
+
     # ------------------------------------------------------------------------------------------ set-up
-    def _setup(self, config: TrainConfig, resume, init_from, given: frozenset[str], log) -> None:
+    def _setup(self, config: TrainConfig, resume, init_from, given: frozenset[str]) -> None:
         n = self.names
         if resume is not None and init_from is not None:
             raise AttnkitValueError(f"resume and init_from exclude each other: {n('resume')} continues a run (same "
                                     f"settings, its optimizer), {n('init_from')} starts a new run from a checkpoint's "
                                     "weights.")
         self.ctx = dist.init(config.device)  # a missing device is a typed error before anything is written
-        self.log = log if self.ctx.is_main else (lambda *a, **k: None)
-        config, model_config, resume_ckpt, init_ckpt = start.open_start(self, config, resume, init_from, given)
+        agreed = dist.agreed(self.ctx, n)
+        agreed({**asdict(config), "resume": _text(resume), "init_from": _text(init_from)})  # before any collective
+        opening = start.open_start(self.ctx, config, resume, init_from, given, self.log, n)
+        self.folder = opening.folder
+        config = opening.config
         if config.overfit:  # every step sees all the samples
             config = replace(config, batch_size=config.overfit_samples)
-        self.config, self.device = config, self.ctx.device
-        self.groups = cp.groups(self.ctx.rank, self.ctx.world, config.context_parallel)
-        dist.check_batch(config.batch_size, replace(self.ctx, world=self.groups.dp))
-        self.run_dir = Path(config.run_dir)
+        dist.check_batch(config.batch_size, replace(self.ctx, world=cp.data_parallel(self.ctx.world,
+                                                                                      config.context_parallel)))
+        run_dir = Path(config.run_dir)
         if resume is None:  # `--run-dir nano` would be shadowed by the preset nano in every later command
             from attnkit.runs.source import check_folder_name
 
             check_folder_name(config.run_dir, n("run_dir"))
-        if resume is None and self.ctx.is_main and self.run_dir.is_dir():  # refuse early, before loading data
-            RunFolder(self.run_dir, log=self.log).check_fresh(config.overwrite)
-        if model_config is None:  # a new run's model: from the preset
-            start.check_preset_length(self)
-        self.tokenizer = ByteTokenizer()
-        start.build_data(self)
-        dist.check_same({**asdict(config), "resume": None if resume is None else str(resume),
-                         "init_from": None if init_from is None else str(init_from), "data_sha256": self.data_sha256},
-                        self.ctx, n)  # before anything is written: every rank runs the same run
+        if resume is None and self.ctx.is_main and run_dir.is_dir():  # refuse early, before loading data
+            RunFolder(run_dir, log=self.log).check_fresh(config.overwrite)
+        if opening.model_config is None:  # a new run's model: from the preset
+            start.check_preset_length(config, self.log, n)
+        data = start.load_data(config, self.log)
+        agreed({**asdict(config), "data_sha256": data.data_sha256, "resumed": start.digest(opening.resume_state),
+                "started_from": start.digest(opening.init_state)})  # the same run on every rank, before any write
+        self.groups = cp.groups(self.ctx.rank, self.ctx.world, config.context_parallel, timeout=dist.timeout_s())
         torch.manual_seed(config.seed)
-        start.build_model(self, model_config, resume_ckpt or init_ckpt)
-        self.step = 0
-        if resume_ckpt is not None:
-            start.restore(self, resume_ckpt, given)
-        else:
-            self._begin()
-            self.first_plan = self.total_steps
-        if config.warmup >= self.schedule_steps and not config.overfit:
-            peak = lr_at(self.schedule_steps, lr=config.lr, warmup=config.warmup, total=self.schedule_steps)
-            self.log(f"note: warmup ({config.warmup} steps) is not shorter than the run ({self.schedule_steps} steps): "
-                     f"the learning rate rises to {peak:.3g} at the last step and never decays; pass a smaller "
-                     f"{n('warmup')} for a warmup + cosine schedule")
+        self.setup = start.build_setup(config, opening, data, ByteTokenizer(), self.groups, self.ctx.device,
+                                       self.log, n)
+        self.progress = (start.restored(self.setup, opening.resume_from, given, self.ctx.rank, self.log, n)
+                         if opening.resume_from is not None else self._begin())
+        self._note_warmup()
         self.ddp = DistributedDataParallel(self.model) if self.ctx.enabled else None
 
-    def _begin(self) -> None:
+    def _note_warmup(self) -> None:
+        c, end = self.config, self.schedule_steps
+        if c.warmup >= end and not c.overfit:
+            peak = lr_at(end, lr=c.lr, warmup=c.warmup, total=end)
+            self.log(f"note: warmup ({c.warmup} steps) is not shorter than the run ({end} steps): the learning rate "
+                     f"rises to {peak:.3g} at the last step and never decays; pass a smaller {self.names('warmup')} "
+                     "for a warmup + cosine schedule")
+
+    def _begin(self) -> Progress:
         """A new run: its identity, precision and length decided; only now is the run folder touched."""
-        self.run_id = record.new_run_id()
-        self.precision, self.total_steps, self.precision_evidence = self._decide_precision_and_steps()
-        self.schedule_steps = self.total_steps
-        if self.deadline is not None:  # config.json states the plan, not an unused default step count
-            self.config = replace(self.config, steps=self.total_steps)
+        precision, total_steps, evidence, evals_s = start.plan(self.setup, self.groups, self.ctx, self.deadline,
+                                                               self.log)
+        if evals_s is not None:
+            self.closing_s["eval"] = evals_s
+        progress = Progress(record.new_run_id(), 0, total_steps, total_steps, precision, evidence,
+                            first_plan=total_steps, budgeted=self.deadline is not None)
         if self.ctx.is_main:
-            self.folder = RunFolder(self.run_dir, log=self.log).acquire()
-            self.folder.check_fresh(self.config.overwrite)
-            if self.config.overwrite:
+            self.folder = RunFolder(self.setup.run_dir, log=self.log).acquire()
+            self.folder.check_fresh(self.setup.config.overwrite)
+            if self.setup.config.overwrite:
                 self.folder.set_aside()
         dist.barrier(self.ctx)
-
-    def _decide_precision_and_steps(self) -> tuple[str, int, dict]:
-        c = self.config
-        batch = self.train_data.batch(0, c.batch_size, seed=c.seed, rank=self.groups.dp_rank,
-                                      world=self.groups.dp).to(self.device)
-        rng = torch.get_rng_state()
-
-        def fwd_bwd(precision: str):
-            lm_loss(self.model, batch, precision, self.device).backward()
-            self.model.zero_grad(set_to_none=True)
-
-        evidence: dict = {}
-        precision = c.precision
-        if precision == "auto":
-            precision, evidence = choose_precision(fwd_bwd, self.device)
-            self.log(f"precision: {evidence['summary']} -> {precision}")
-        steps = c.steps
-        if self.deadline is not None:  # a first plan from one probe; the loop re-plans from measured steps
-            step_time = evidence.get("median_s", {}).get(precision) or time_once(fwd_bwd, precision)
-            step_time = step_time * c.accum * 1.15  # optimizer step and bookkeeping
-            evals = step_time * c.eval_batches / 3  # forward only, every eval_every steps
-            steps = max(1, int(self.deadline.left() / (step_time + evals / c.eval_every)))
-            self.closing_s["eval"] = evals
-            self.log(f"time budget {c.time_budget:.0f} s ({self.deadline.left():.0f} s left) at ~{step_time:.3f} "
-                     f"s/step (probe) -> {steps} steps planned; re-planned from the measured step times as it runs")
-        torch.set_rng_state(rng)
-        return dist.from_rank0((precision, steps, evidence), self.ctx)  # rank 0 decides for every rank
+        return progress
 
     # ------------------------------------------------------------------------------------------ run
     def run(self) -> TrainResult:
@@ -222,12 +247,12 @@ class Trainer:
             self.folder = None
 
     def _run(self) -> TrainResult:
-        c = self.config
-        eval_batches = list(self.val_data.eval_batches(c.batch_size, c.eval_batches))
+        c, data = self.config, self.setup.data
+        eval_batches = list(data.val_data.eval_batches(c.batch_size, c.eval_batches))
         if c.overfit:
-            eval_batches = [self.train_data.rows(torch.arange(self.train_data.num_rows))]
-        baseline = unigram_loss(self.train_data, eval_batches, self.tokenizer.vocab_size)
-        record.open_outputs(self, baseline)
+            eval_batches = [data.train_data.rows(torch.arange(data.train_data.num_rows))]
+        baseline = unigram_loss(data.train_data, eval_batches, self.setup.tokenizer.vocab_size)
+        self.metrics = record.open_outputs(self.setup, self.progress, self.ctx, baseline, self.log, self.deadline)
         samples = {}
         if c.samples and self.ctx.is_main and self.resume_state is None:
             with self._timed("sample"):  # the closing sample costs as much: a time budget keeps it back
@@ -240,7 +265,7 @@ class Trainer:
         passed = None
         if c.overfit:
             passed = loss_value < 0.05
-            self.log(f"overfit check on {self.train_data.num_rows} samples: final loss {loss_value:.4f} -> "
+            self.log(f"overfit check on {data.train_data.num_rows} samples: final loss {loss_value:.4f} -> "
                      f"{'PASS' if passed else 'FAIL'} (needs < 0.05)")
         if val_loss is not None and not c.overfit:
             self.log(verdict(val_loss, baseline))
@@ -251,7 +276,7 @@ class Trainer:
         return TrainResult(self.run_dir, self.step, loss_value, val_loss, baseline, self.precision, passed, samples)
 
     def tokens_per_step(self) -> int:
-        return self.config.batch_size * self.config.accum * self.seq_len
+        return record.tokens_per_step(self.setup)
 
     def _train_steps(self, eval_batches) -> tuple[float, float | None]:
         """The step loop: optimizer steps to ``total_steps``, with metrics, hooks, validation and checkpoints;
@@ -267,8 +292,9 @@ class Trainer:
         if self.deadline is not None:
             self.deadline.start_loop(self.step)
         while self.step < self.total_steps:
-            loss_value, grad_norm, lr = optimizer_step(self, self.step + 1)
-            self.step += 1
+            loss_value, grad_norm, lr = optimizer_step(self.setup, self.progress, ddp=self.ddp, groups=self.groups,
+                                                       ctx=self.ctx, names=self.names)
+            self.progress = self.progress.advanced()
             if self.deadline is not None:
                 self._replan(bar)
             tokens_done += self.tokens_per_step()
@@ -286,19 +312,27 @@ class Trainer:
             if dist.any_rank(self.stop_request.signum is not None, self.ctx):  # every rank stops after the same step
                 if bar is not None:
                     bar.close()
-                record.interrupted(self, saved)
+                self._interrupted(saved)
         if bar is not None:
             bar.close()
         if self.deadline is not None:
             self._report_budget()
         return loss_value, val_loss
 
+    def _interrupted(self, saved: bool) -> None:
+        """A stop was requested (on some rank): checkpoint this step unless it just was, and raise."""
+        if not saved:
+            self.save()
+        if self.metrics is not None:
+            self.metrics.close()
+        raise record.interrupted(self.setup, self.progress, self.ctx, self.stop_request, self.names)
+
     def _record_step(self, entry: dict, eval_batches, val_loss: float | None) -> float | None:
         """Complete this step's metrics ``entry`` (context-parallel bytes, validation when due), run the hooks and
         write it; returns the newest validation loss."""
         if self.groups.cp > 1:
-            entry["cp_bytes_sent"] = self.cp_sent.nbytes()  # rank 0's context-parallel messages
-            self.cp_sent.sent.clear()
+            entry["cp_bytes_sent"] = self.setup.cp_sent.nbytes()  # rank 0's context-parallel messages
+            self.setup.cp_sent.sent.clear()
         if self.step % self.config.eval_every == 0 or self.step == self.total_steps:
             with self._timed("eval"):
                 val_loss = evaluate(self.model, eval_batches, self.precision, self.device)
@@ -316,7 +350,7 @@ class Trainer:
                  f"(first plan {budget['first_plan']} steps from the probe, re-planned {budget['replans']} times "
                  "from the measured step times)")
         if self.ctx.is_main:
-            record.write_config(self)  # the steps planned and run, as they ended
+            record.write_config(self.setup, self.progress, self.ctx.world, self.deadline)  # the plan as it ended
 
     @contextlib.contextmanager
     def _timed(self, what: str):
@@ -334,15 +368,15 @@ class Trainer:
         planned = self.deadline.replan(self.step, self.total_steps, sum(self.closing_s.values()))
         planned = dist.from_rank0(planned, self.ctx)
         if planned != self.total_steps:
-            self.total_steps = self.schedule_steps = planned
-            self.config = replace(self.config, steps=planned)
+            self.progress = self.progress.replanned(planned)
             if bar is not None:
                 bar.total = planned
                 bar.refresh()
 
     def save(self) -> None:
         """Checkpoint the current step (see :func:`attnkit.training.record.save`)."""
-        record.save(self)
+        record.save(self.setup, self.progress, self.ctx, metrics=self.metrics, folder=self.folder,
+                    deadline=self.deadline)
 
 
 def train(config: TrainConfig, *, resume: str | Path | None = None, init_from: str | Path | None = None,

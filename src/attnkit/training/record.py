@@ -1,6 +1,9 @@
 """What a run records about itself: its identity, ``config.json`` and its checkpoints (written through
 :mod:`attnkit.runs.write`, read back by :mod:`attnkit.runs.read`), ``metrics.jsonl`` opened at its start, and the
-checkpoint of a run stopped on request (:func:`interrupted`)."""
+checkpoint of a run stopped on request (:func:`interrupted`).
+
+Functions of the run's values (:class:`attnkit.training.state.Setup`, :class:`attnkit.training.state.Progress`,
+the process's :class:`attnkit.training.dist.DistContext`); none of them writes to a Trainer."""
 
 from __future__ import annotations
 
@@ -16,6 +19,7 @@ from attnkit.runs.read import METRICS, RUN_CONFIG
 from attnkit.training import dist
 from attnkit.training.interrupt import TrainingInterrupted
 from attnkit.training.metrics import MetricsWriter
+from attnkit.training.state import Progress, Setup
 
 #: a run without ``ckpt_every`` checkpoints about this many times, and at least every MAX_CKPT_EVERY steps
 CKPTS_PER_RUN, MAX_CKPT_EVERY = 10, 100
@@ -33,23 +37,26 @@ def new_run_id() -> str:
     return uuid.uuid4().hex
 
 
-def identity(trainer) -> dict:
-    """What config.json and every checkpoint record about the run beyond its settings."""
-    out = {"run_id": trainer.run_id, "precision": trainer.precision, "precision_evidence": trainer.precision_evidence,
-           "total_steps": trainer.total_steps, "schedule_steps": trainer.schedule_steps,
-           "data_sha256": trainer.data_sha256, "world": trainer.ctx.world}
-    if getattr(trainer, "deadline", None) is not None:  # a time budget: the first plan, the re-plans, the steps run
-        out["time_budget"] = trainer.deadline.summary(trainer.first_plan, trainer.step)
-    if trainer.init_state is not None:
-        out["init_from"] = {"run_id": trainer.init_state.get("run_id"), "step": trainer.init_state["step"],
-                            "model_sha256": trainer.init_state["sha256"][ckpt.FILES[0]]}
+def identity(setup: Setup, progress: Progress, world: int, deadline=None) -> dict:
+    """What config.json and every checkpoint record about the run beyond its settings (``deadline``: a time
+    budget's :class:`attnkit.training.deadline.Deadline`, whose plans are recorded too)."""
+    p = progress
+    out = {"run_id": p.run_id, "precision": p.precision, "precision_evidence": p.precision_evidence,
+           "total_steps": p.total_steps, "schedule_steps": p.schedule_steps,
+           "data_sha256": setup.data.data_sha256, "world": world}
+    if deadline is not None:  # a time budget: the first plan, the re-plans, the steps run
+        out["time_budget"] = deadline.summary(p.first_plan, p.step)
+    if setup.init_state is not None:
+        out["init_from"] = {"run_id": setup.init_state.get("run_id"), "step": setup.init_state["step"],
+                            "model_sha256": setup.init_state["sha256"][ckpt.FILES[0]]}
     return out
 
 
-def write_config(trainer) -> None:
+def write_config(setup: Setup, progress: Progress, world: int, deadline=None) -> None:
     """RUN/config.json: the settings and the identity of the run (replaced, never written through a link)."""
-    record = {"train": asdict(trainer.config), "model": trainer.model_config.to_dict(), **identity(trainer)}
-    with ckpt.replacing(trainer.run_dir / RUN_CONFIG) as f:
+    record = {"train": asdict(progress.settings(setup.config)), "model": setup.model_config.to_dict(),
+              **identity(setup, progress, world, deadline)}
+    with ckpt.replacing(setup.run_dir / RUN_CONFIG) as f:
         f.write(json.dumps(record, indent=1).encode())
 
 
@@ -58,57 +65,63 @@ def has_config(run_dir: Path) -> bool:
     return (run_dir / RUN_CONFIG).exists() or (run_dir / RUN_CONFIG).is_symlink()
 
 
-def save(trainer) -> None:
-    """Checkpoint the trainer's current step (rank 0 writes; every rank's RNG state is gathered first)."""
-    extra = dist.gather_rng(trainer.ctx)
-    if trainer.ctx.is_main:
-        c = trainer.config
-        state = {**identity(trainer),
-                 "data_position": {"micro_batches": trainer.step * c.accum, "seed": c.seed},
-                 "schedule": {"kind": "warmup+cosine", "step": trainer.step, "cosine_end": trainer.schedule_steps},
-                 "train_config": asdict(c), "model_config": trainer.model_config.to_dict(),
-                 "metrics": trainer.metrics.fingerprint() if getattr(trainer, "metrics", None) else None}
-        ckpt.save_checkpoint(trainer.run_dir, trainer.step, trainer.model, trainer.optimizer, state, keep=c.keep,
+def save(setup: Setup, progress: Progress, ctx, *, metrics: MetricsWriter | None = None, folder=None,
+         deadline=None) -> None:
+    """Checkpoint the current step (rank 0 writes; every rank's RNG state is gathered first); ``folder``: the run
+    folder rank 0 holds, told that the run has a checkpoint."""
+    extra = dist.gather_rng(ctx)
+    if ctx.is_main:
+        c, step = progress.settings(setup.config), progress.step
+        state = {**identity(setup, progress, ctx.world, deadline),
+                 "data_position": {"micro_batches": step * c.accum, "seed": c.seed},
+                 "schedule": {"kind": "warmup+cosine", "step": step, "cosine_end": progress.schedule_steps},
+                 "train_config": asdict(c), "model_config": setup.model_config.to_dict(),
+                 "metrics": metrics.fingerprint() if metrics is not None else None}
+        ckpt.save_checkpoint(setup.run_dir, step, setup.model, setup.optimizer, state, keep=c.keep,
                              extra_tensors=extra)
-        if trainer.folder is not None:
-            trainer.folder.committed()  # the new run has a checkpoint: a run it replaced can go
-    dist.barrier(trainer.ctx)
+        if folder is not None:
+            folder.committed()  # the new run has a checkpoint: a run it replaced can go
+    dist.barrier(ctx)
 
 
-def open_outputs(trainer, baseline: float) -> None:
-    """metrics.jsonl (cut back to the resumed step), config.json, and what the run is, said once."""
-    c, resumed = trainer.config, trainer.resume_state is not None
-    trainer.metrics = (MetricsWriter(trainer.run_dir / METRICS, resume_step=trainer.step if resumed else None,
-                                     log=trainer.log) if trainer.ctx.is_main else None)
-    if trainer.metrics is not None and resumed:
-        problem = trainer.metrics.verify(trainer.resume_state.get("metrics"))
+def open_outputs(setup: Setup, progress: Progress, ctx, baseline: float, log, deadline=None
+                 ) -> MetricsWriter | None:
+    """metrics.jsonl (cut back to the resumed step; rank 0's writer is returned, None elsewhere), config.json, and
+    what the run is, said once."""
+    c, resumed, run_dir = setup.config, setup.resume_state is not None, setup.run_dir
+    metrics = (MetricsWriter(run_dir / METRICS, resume_step=progress.step if resumed else None, log=log)
+               if ctx.is_main else None)
+    if metrics is not None and resumed:
+        problem = metrics.verify(setup.resume_state.get("metrics"))
         if problem:
-            trainer.log(f"WARNING: metrics.jsonl {problem}; the records after the checkpoint continue from step "
-                        f"{trainer.step}")
-    if trainer.ctx.is_main and not resumed:
-        write_config(trainer)
-    elif trainer.ctx.is_main and not has_config(trainer.run_dir):
-        write_config(trainer)  # its checkpoints agree on the run (read_state checked): the identity is back
-        trainer.log(f"{trainer.run_dir / RUN_CONFIG} was missing: written again from the checkpoint (run {trainer.run_id})")
-    origin = f"{c.preset} preset" if not resumed and trainer.init_state is None else "the checkpoint's own"
-    trainer.log(f"model: {origin}, {_describe(trainer.model_config)}, {trainer.model.num_parameters() / 1e6:.2f} M "
-                f"parameters, {trainer.precision}, {trainer.total_steps} steps of {trainer.tokens_per_step():,} tokens, "
-                f"world {trainer.ctx.world}")
-    trainer.log(f"unigram baseline loss: {baseline:.3f} nats/token (perplexity {math.exp(baseline):.1f})")
+            log(f"WARNING: metrics.jsonl {problem}; the records after the checkpoint continue from step "
+                f"{progress.step}")
+    if ctx.is_main and not resumed:
+        write_config(setup, progress, ctx.world, deadline)
+    elif ctx.is_main and not has_config(run_dir):
+        write_config(setup, progress, ctx.world, deadline)  # its checkpoints agree on the run: the identity is back
+        log(f"{run_dir / RUN_CONFIG} was missing: written again from the checkpoint (run {progress.run_id})")
+    origin = f"{c.preset} preset" if not resumed and setup.init_state is None else "the checkpoint's own"
+    log(f"model: {origin}, {_describe(setup.model_config)}, {setup.model.num_parameters() / 1e6:.2f} M "
+        f"parameters, {progress.precision}, {progress.total_steps} steps of {tokens_per_step(setup):,} tokens, "
+        f"world {ctx.world}")
+    log(f"unigram baseline loss: {baseline:.3f} nats/token (perplexity {math.exp(baseline):.1f})")
+    return metrics
 
 
-def interrupted(trainer, saved: bool) -> None:
-    """A stop was requested (on some rank): checkpoint this step unless it just was, and raise."""
-    if not saved:
-        trainer.save()
-    if trainer.metrics is not None:
-        trainer.metrics.close()
-    newest = ckpt.list_checkpoints(trainer.run_dir)[-1] if trainer.ctx.is_main else None
-    raise TrainingInterrupted(
-        f"stopped by {trainer.stop_request.name if trainer.stop_request.signum is not None else 'another rank'} after step "
-        f"{trainer.step}/{trainer.total_steps}: checkpoint {newest} written; continue the run with "
-        f"{trainer.names('resume')} {trainer.run_dir}", run_dir=trainer.run_dir, step=trainer.step, checkpoint=newest,
-        signum=trainer.stop_request.signum or 15)
+def tokens_per_step(setup: Setup) -> int:
+    """Tokens of one optimizer step over every rank."""
+    return setup.config.batch_size * setup.config.accum * setup.data.seq_len
+
+
+def interrupted(setup: Setup, progress: Progress, ctx, stop_request, names) -> TrainingInterrupted:
+    """The error that ends a run stopped on request (on some rank), once its step is checkpointed."""
+    newest = ckpt.list_checkpoints(setup.run_dir)[-1] if ctx.is_main else None
+    return TrainingInterrupted(
+        f"stopped by {stop_request.name if stop_request.signum is not None else 'another rank'} after step "
+        f"{progress.step}/{progress.total_steps}: checkpoint {newest} written; continue the run with "
+        f"{names('resume')} {setup.run_dir}", run_dir=setup.run_dir, step=progress.step, checkpoint=newest,
+        signum=stop_request.signum or 15)
 
 
 def _describe(config: LMConfig) -> str:

@@ -1,8 +1,9 @@
 """The start of a run, before its first step: the checkpoint it starts from (a resume or a fine-tuning start) and
 the settings that follow from it, the data, the model and its optimizer, the state a resume restores.
 
-Functions of the :class:`attnkit.training.loop.Trainer` being built (they set its attributes), in the order
-:meth:`~attnkit.training.loop.Trainer._setup` calls them. Nothing here writes to the run folder.
+Functions of values that return values (:class:`Opening`, :class:`attnkit.training.state.Data`, the model and its
+optimizer, :class:`attnkit.training.state.Progress`), in the order :meth:`attnkit.training.loop.Trainer._setup`
+calls them; none of them writes to a Trainer. Nothing here writes to the run folder.
 
 Shape legend: L seq_len.
 """
@@ -10,6 +11,7 @@ Shape legend: L seq_len.
 from __future__ import annotations
 
 import contextlib
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -24,131 +26,194 @@ from attnkit.runs.folder import RunFolder
 from attnkit.runs.read import run_folder_of, set_aside_note
 from attnkit.training import dist, record
 from attnkit.training.config import TrainConfig, init_config, resumed_config
-from attnkit.training.data import PackedDataset, data_fingerprint, load_documents, split_by_file
-from attnkit.training.steps import param_groups
+from attnkit.training.data import ByteTokenizer, PackedDataset, data_fingerprint, load_documents, split_by_file
+from attnkit.training.precision import choose_precision
+from attnkit.training.state import Data, Progress, Setup
+from attnkit.training.steps import lm_loss, param_groups, time_once
 
 
-def open_start(trainer, config: TrainConfig, resume, init_from, given):
-    """The checkpoint a run starts from, verified, and the settings that follow from it:
-    ``(config, model_config or None, resume checkpoint, init checkpoint)``."""
-    n = trainer.names
-    trainer.resume_state, trainer.init_state = None, None
+@dataclass(frozen=True)
+class Opening:
+    """What a run starts from: the settings that follow from its checkpoint, the model config (None: from the
+    preset, once the data's row length is known), the checkpoint resumed (``resume_from``, its ``resume_state``)
+    or started from (``init_from``, its ``init_state``), and the run folder's lock a resume took (rank 0)."""
+
+    config: TrainConfig
+    model_config: LMConfig | None = None
+    resume_from: Path | None = None
+    resume_state: dict | None = None
+    init_from: Path | None = None
+    init_state: dict | None = None
+    folder: RunFolder | None = None
+
+
+def open_start(ctx, config: TrainConfig, resume, init_from, given, log, names) -> Opening:
+    """The checkpoint a run starts from, verified, and the settings that follow from it. A resume's run folder
+    is locked first (a run training there must not change the files); a refusal after that releases the lock."""
+    n = names
     if resume is not None:
-        if trainer.ctx.is_main and set_aside_note(resume):  # a stopped --overwrite: the lock puts the old run back
-            trainer.folder = RunFolder(resume, log=trainer.log).acquire()
-        dist.barrier(trainer.ctx)
-        where = ckpt.resolve(resume)
-        run_dir = run_folder_of(where, resume, fix=f"resume the run folder it belongs to, or start a new run from "
-                                                   f"its weights with {n('init_from')} {resume} {n('run_dir')} NEW.")
-        if trainer.ctx.is_main and trainer.folder is None:  # lock first: a run training there must not change the files
-            trainer.folder = RunFolder(run_dir, log=trainer.log).acquire()
-        trainer.resume_state = ckpt.read_state(where)  # its run identity checked against the folder
-        if "train_config" not in trainer.resume_state:
-            raise ckpt.CheckpointError(
-                f"{n('resume')} {str(resume)!r}: {where} was not written by the trainer (a converted model has no "
-                f"training state to continue); start a new run from its weights with {n('init_from')} {resume}.")
-        config, notes = resumed_config(config, trainer.resume_state, given, run_dir, n)
+        folder = None
+        try:
+            if ctx.is_main and set_aside_note(resume):  # a stopped --overwrite: the lock puts the old run back
+                folder = RunFolder(resume, log=log).acquire()
+            dist.barrier(ctx)
+            where = ckpt.resolve(resume)
+            run_dir = run_folder_of(where, resume, fix=f"resume the run folder it belongs to, or start a new run from "
+                                                       f"its weights with {n('init_from')} {resume} {n('run_dir')} NEW.")
+            if ctx.is_main and folder is None:
+                folder = RunFolder(run_dir, log=log).acquire()
+            state = ckpt.read_state(where)  # its run identity checked against the folder
+            if "train_config" not in state:
+                raise ckpt.CheckpointError(
+                    f"{n('resume')} {str(resume)!r}: {where} was not written by the trainer (a converted model has no "
+                    f"training state to continue); start a new run from its weights with {n('init_from')} {resume}.")
+            config, notes = resumed_config(config, state, given, run_dir, n)
+        except BaseException:
+            if folder is not None:
+                folder.release()
+            raise
         for note in notes:
-            trainer.log(note)
-        return config, LMConfig.from_dict(trainer.resume_state["model_config"]), where, None  # never rebuilt
+            log(note)
+        return Opening(config, LMConfig.from_dict(state["model_config"]), resume_from=where, resume_state=state,
+                       folder=folder)  # the model is never rebuilt from the preset
     if init_from is not None:
         where = ckpt.resolve(init_from)
-        trainer.init_state = ckpt.read_state(where)
-        model_config = LMConfig.from_dict(trainer.init_state["model_config"])
-        config, notes = init_config(config, trainer.init_state, given, where, model_config, n)
+        state = ckpt.read_state(where)
+        model_config = LMConfig.from_dict(state["model_config"])
+        config, notes = init_config(config, state, given, where, model_config, n)
         for note in notes:
-            trainer.log(note)
-        return config, model_config, None, where
-    return config, None, None, None  # the model from the preset, once the data's row length is known
+            log(note)
+        return Opening(config, model_config, init_from=where, init_state=state)
+    return Opening(config)
 
 
-def build_model(trainer, model_config: LMConfig | None, where: Path | None) -> None:
-    """The model (from the checkpoint's config, else the preset's), the optimizer, gradient checkpointing
-    and context-parallel accounting; an ``init_from`` checkpoint's weights loaded."""
-    config = trainer.config
+def digest(state: dict | None) -> dict | None:
+    """What identifies the checkpoint a run starts from (its run, step and weights), for the ranks to compare:
+    node-local copies of a run folder can hold different newest checkpoints under the same path."""
+    if state is None:
+        return None
+    return {"run_id": state.get("run_id"), "step": state.get("step"),
+            "model_sha256": (state.get("sha256") or {}).get(ckpt.FILES[0])}
+
+
+def build_setup(config: TrainConfig, opening: Opening, data: Data, tokenizer: ByteTokenizer, groups, device, log,
+                names) -> Setup:
+    """The run's :class:`Setup`: the model from the checkpoint's config, else the preset's, with gradient
+    checkpointing and context-parallel accounting; an ``init_from`` checkpoint's weights loaded; the optimizer."""
+    model_config, seq_len = opening.model_config, data.seq_len
+    where = opening.resume_from or opening.init_from
     if model_config is None:
-        model_config = lm_config(config.preset, **{"vocab_size": trainer.tokenizer.vocab_size,
-                                                   "max_seq_len": max(trainer.seq_len, PRESETS[config.preset]
-                                                                      ["max_seq_len"]), **config.model})
-    elif trainer.seq_len > model_config.max_seq_len:
-        raise AttnkitValueError(f"seq_len={trainer.seq_len} exceeds max_seq_len={model_config.max_seq_len} of "
-                                f"the checkpoint {where}; pass {trainer.names('seq_len')} {model_config.max_seq_len} "
+        model_config = lm_config(config.preset, **{"vocab_size": tokenizer.vocab_size, "max_seq_len": max(
+            seq_len, PRESETS[config.preset]["max_seq_len"]), **config.model})
+    elif seq_len > model_config.max_seq_len:
+        raise AttnkitValueError(f"seq_len={seq_len} exceeds max_seq_len={model_config.max_seq_len} of "
+                                f"the checkpoint {where}; pass {names('seq_len')} {model_config.max_seq_len} "
                                 "or less.")
-    trainer.model_config = model_config
-    trainer.model = TransformerLM(trainer.model_config).to(trainer.device)
-    if trainer.init_state is not None:
-        ckpt.load_weights(where, trainer.model)
-        trainer.log(f"initialised from {where} (step {trainer.init_state['step']}, run "
-                 f"{trainer.init_state.get('run_id')}): a new run with its weights and a fresh optimizer")
-    trainer.model.gradient_checkpointing = config.grad_checkpointing
-    if trainer.groups.cp > 1:
-        cp.check_model(trainer.model)
-        trainer.cp_counting = contextlib.ExitStack()  # this rank's context-parallel bytes, per step in metrics
-        trainer.cp_sent = trainer.cp_counting.enter_context(cp.count_messages())
-    trainer.optimizer = torch.optim.AdamW(param_groups(trainer.model, config.weight_decay), lr=config.lr,
-                                          betas=config.betas, fused=False, foreach=True)
+    model = TransformerLM(model_config).to(device)
+    if opening.init_state is not None:
+        ckpt.load_weights(where, model)
+        log(f"initialised from {where} (step {opening.init_state['step']}, run "
+            f"{opening.init_state.get('run_id')}): a new run with its weights and a fresh optimizer")
+    model.gradient_checkpointing = config.grad_checkpointing
+    counting = sent = None
+    if groups.cp > 1:
+        cp.check_model(model, names)
+        counting = contextlib.ExitStack()  # this rank's context-parallel bytes, per step in metrics
+        sent = counting.enter_context(cp.count_messages())
+    optimizer = torch.optim.AdamW(param_groups(model, config.weight_decay), lr=config.lr, betas=config.betas,
+                                  fused=False, foreach=True)
+    return Setup(config, model_config, data, tokenizer, model, optimizer, resume_state=opening.resume_state,
+                 init_state=opening.init_state, cp_counting=counting, cp_sent=sent)
 
 
-def check_preset_length(trainer) -> None:
+def check_preset_length(config: TrainConfig, log, names) -> None:
     """A new run's rows fit the preset's positions when they are learned (a table of ``max_seq_len`` rows);
     longer rows with computed positions are said (the model is built for them; each step costs more)."""
-    preset_len = PRESETS[trainer.config.preset]["max_seq_len"]
-    positions = trainer.config.model.get("positions", PRESETS[trainer.config.preset].get("positions", "rope"))
-    if (trainer.config.seq_len or 0) > preset_len and positions != "learned":
-        trainer.log(f"note: {trainer.names('seq_len')} {trainer.config.seq_len} is {trainer.config.seq_len / preset_len:.3g}x "
-                    f"the {trainer.config.preset!r} preset's {preset_len} positions: the model is built for rows of "
-                    f"{trainer.config.seq_len} ({positions} positions), and attention's cost per row grows with the "
-                    "square of its length")
-    if positions == "learned" and (trainer.config.seq_len or 0) > preset_len:
+    preset_len = PRESETS[config.preset]["max_seq_len"]
+    positions = config.model.get("positions", PRESETS[config.preset].get("positions", "rope"))
+    seq_len = config.seq_len or 0
+    if seq_len > preset_len and positions != "learned":
+        log(f"note: {names('seq_len')} {seq_len} is {seq_len / preset_len:.3g}x the {config.preset!r} preset's "
+            f"{preset_len} positions: the model is built for rows of {seq_len} ({positions} positions), and "
+            "attention's cost per row grows with the square of its length")
+    if positions == "learned" and seq_len > preset_len:
         raise AttnkitValueError(
-            f"{trainer.names('seq_len')} {trainer.config.seq_len} is longer than the {preset_len} learned positions of the "
-            f"{trainer.config.preset!r} preset; pass {trainer.names('seq_len')} {preset_len} or less, or positions "
-            f"that are computed ({trainer.names('positions')} rope or alibi) for longer rows.")
+            f"{names('seq_len')} {seq_len} is longer than the {preset_len} learned positions of the "
+            f"{config.preset!r} preset; pass {names('seq_len')} {preset_len} or less, or positions "
+            f"that are computed ({names('positions')} rope or alibi) for longer rows.")
 
 
-def restore(trainer, where: Path, given) -> None:
-    """Continue from checkpoint ``where``: weights, optimizer, RNG, step, precision and schedule."""
-    state, _ = ckpt.load_checkpoint(where, trainer.model, trainer.optimizer, rank=trainer.ctx.rank)
-    trainer.step, trainer.precision = state["step"], state["precision"]
-    trainer.precision_evidence = state.get("precision_evidence", {})
-    trainer.run_id = state.get("run_id") or ckpt.run_identity(trainer.run_dir) or record.new_run_id()
-    trainer.schedule_steps = state.get("schedule_steps", state["total_steps"])
-    trainer.total_steps = max(trainer.config.steps, trainer.step) if "steps" in given else state["total_steps"]
-    report_resume(trainer, where, state)
+def restored(setup: Setup, where: Path, given, rank: int, log, names) -> Progress:
+    """Continue from checkpoint ``where``: weights, optimizer and RNG loaded into the setup's model and optimizer;
+    the run's :class:`Progress` (step, precision, schedule) as the checkpoint recorded it."""
+    state, _ = ckpt.load_checkpoint(where, setup.model, setup.optimizer, rank=rank)
+    step = state["step"]
+    progress = Progress(
+        run_id=state.get("run_id") or ckpt.run_identity(setup.run_dir) or record.new_run_id(), step=step,
+        total_steps=max(setup.config.steps, step) if "steps" in given else state["total_steps"],
+        schedule_steps=state.get("schedule_steps", state["total_steps"]), precision=state["precision"],
+        precision_evidence=state.get("precision_evidence", {}))
+    report_resume(setup, progress, where, state, log, names)
+    return progress
 
 
-def report_resume(trainer, where: Path, state: dict) -> None:
+def report_resume(setup: Setup, progress: Progress, where: Path, state: dict, log, names) -> None:
     """Say what a resume continues: its step, a schedule whose step count changed, data that changed."""
-    trainer.log(f"resumed {where} at step {trainer.step}/{trainer.total_steps} ({trainer.precision}, chosen when the run "
-             "started)")
-    if trainer.total_steps != state["total_steps"]:
-        trainer.log(f"schedule: {state['total_steps']} -> {trainer.total_steps} steps; the learning rate keeps its warmup + "
-                    f"cosine to step {trainer.schedule_steps}, then holds its minimum "
-                    f"{trainer.config.lr * trainer.config.min_lr_ratio:.3g} to step {trainer.total_steps}"
-                    if trainer.total_steps > trainer.schedule_steps else
-                    f"schedule: stopping at step {trainer.total_steps}, before the cosine's end at step "
-                    f"{trainer.schedule_steps}")
-    elif trainer.step >= trainer.total_steps:
-        trainer.log(f"the run already finished at step {trainer.step}; pass {trainer.names('steps')} N (N > {trainer.step}) "
-                    "to extend it")
-    recorded = state.get("data_sha256")
-    if recorded is not None and recorded != trainer.data_sha256:
-        trainer.log(f"WARNING: the training data changed since this checkpoint (sha256 {recorded[:12]}... -> "
-                 f"{trainer.data_sha256[:12]}...): the resumed run continues on different data, so it is no longer "
-                 "the run it was")
+    p, c = progress, setup.config
+    log(f"resumed {where} at step {p.step}/{p.total_steps} ({p.precision}, chosen when the run started)")
+    if p.total_steps != state["total_steps"]:
+        log(f"schedule: {state['total_steps']} -> {p.total_steps} steps; the learning rate keeps its warmup + "
+            f"cosine to step {p.schedule_steps}, then holds its minimum {c.lr * c.min_lr_ratio:.3g} to step "
+            f"{p.total_steps}" if p.total_steps > p.schedule_steps else
+            f"schedule: stopping at step {p.total_steps}, before the cosine's end at step {p.schedule_steps}")
+    elif p.step >= p.total_steps:
+        log(f"the run already finished at step {p.step}; pass {names('steps')} N (N > {p.step}) to extend it")
+    recorded, now = state.get("data_sha256"), setup.data.data_sha256
+    if recorded is not None and recorded != now:
+        log(f"WARNING: the training data changed since this checkpoint (sha256 {recorded[:12]}... -> {now[:12]}...): "
+            "the resumed run continues on different data, so it is no longer the run it was")
 
 
-def build_data(trainer) -> None:
+def load_data(config: TrainConfig, log) -> Data:
     """The documents loaded and fingerprinted, split by file into train / validation, packed into rows of L."""
-    c = trainer.config
-    trainer.seq_len = c.seq_len or PRESETS[c.preset]["max_seq_len"]
+    c = config
+    seq_len = c.seq_len or PRESETS[c.preset]["max_seq_len"]
     docs = load_documents(c.data)
-    trainer.data_sha256 = data_fingerprint(docs)
+    sha256 = data_fingerprint(docs)
     train_docs, val_docs = split_by_file(docs, c.val_fraction)
-    trainer.train_data = PackedDataset(train_docs, trainer.seq_len, doc_mask=c.doc_mask)
-    trainer.val_data = PackedDataset(val_docs, trainer.seq_len, doc_mask=c.doc_mask)
+    train = PackedDataset(train_docs, seq_len, doc_mask=c.doc_mask)
+    val = PackedDataset(val_docs, seq_len, doc_mask=c.doc_mask)
     if c.overfit:  # the tutorial's sanity check: the same few rows every step
-        trainer.train_data.num_rows = min(trainer.train_data.num_rows, c.overfit_samples)
-    trainer.log(f"data: {c.data or 'Python standard library sources'} - {len(train_docs)} train / "
-                f"{len(val_docs)} val documents, {trainer.train_data.num_tokens:,} / {trainer.val_data.num_tokens:,} "
-                f"tokens, rows of {trainer.seq_len}, document mask {'on' if c.doc_mask else 'off'}")
+        train.num_rows = min(train.num_rows, c.overfit_samples)
+    log(f"data: {c.data or 'Python standard library sources'} - {len(train_docs)} train / {len(val_docs)} val "
+        f"documents, {train.num_tokens:,} / {val.num_tokens:,} tokens, rows of {seq_len}, document mask "
+        f"{'on' if c.doc_mask else 'off'}")
+    return Data(seq_len, sha256, train, val)
+
+
+def plan(setup: Setup, groups, ctx, deadline, log) -> tuple[str, int, dict, float | None]:
+    """A new run's precision and length, decided on rank 0 for every rank: ``(precision, steps, evidence, eval_s)``;
+    ``precision="auto"`` measures fp32 against bf16 here, a time budget (``deadline``) plans its steps from a probe
+    (``eval_s``: the probe's estimate of one validation pass, else None). The RNG state is left as it was."""
+    c, model, device = setup.config, setup.model, ctx.device
+    batch = setup.data.train_data.batch(0, c.batch_size, seed=c.seed, rank=groups.dp_rank, world=groups.dp).to(device)
+    rng = torch.get_rng_state()
+
+    def fwd_bwd(precision: str):
+        lm_loss(model, batch, precision, device).backward()
+        model.zero_grad(set_to_none=True)
+
+    evidence: dict = {}
+    precision, steps, evals = c.precision, c.steps, None
+    if precision == "auto":
+        precision, evidence = choose_precision(fwd_bwd, device)
+        log(f"precision: {evidence['summary']} -> {precision}")
+    if deadline is not None:  # a first plan from one probe; the loop re-plans from measured steps
+        step_time = evidence.get("median_s", {}).get(precision) or time_once(fwd_bwd, precision)
+        step_time = step_time * c.accum * 1.15  # optimizer step and bookkeeping
+        evals = step_time * c.eval_batches / 3  # forward only, every eval_every steps
+        steps = max(1, int(deadline.left() / (step_time + evals / c.eval_every)))
+        log(f"time budget {c.time_budget:.0f} s ({deadline.left():.0f} s left) at ~{step_time:.3f} s/step (probe) -> "
+            f"{steps} steps planned; re-planned from the measured step times as it runs")
+    torch.set_rng_state(rng)
+    return dist.from_rank0((precision, steps, evidence, evals), ctx)  # rank 0 decides for every rank

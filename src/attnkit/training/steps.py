@@ -81,31 +81,30 @@ def step_lr(config, step: int, schedule_steps: int) -> float:
     return lr_at(step, lr=config.lr, warmup=config.warmup, total=schedule_steps, min_lr_ratio=config.min_lr_ratio)
 
 
-def optimizer_step(trainer, step: int) -> tuple[float, float, float]:
-    """Run optimizer step ``step`` of ``trainer`` (its accumulated micro-batches, clipping, the update); return
-    ``(loss, grad_norm, lr)``. A NaN or infinite loss or norm stops the run before the update."""
-    c = trainer.config
-    lr = step_lr(c, step, trainer.schedule_steps)
-    for group in trainer.optimizer.param_groups:
+def optimizer_step(setup, progress, *, ddp, groups, ctx, names) -> tuple[float, float, float]:
+    """Run the next optimizer step (``progress.step + 1``) of a run (:class:`attnkit.training.state.Setup`): its
+    accumulated micro-batches, clipping, the update through ``ddp`` (the DistributedDataParallel wrapper, or None);
+    return ``(loss, grad_norm, lr)``. A NaN or infinite loss or norm stops the run before the update."""
+    c, model, device, step = setup.config, setup.model, ctx.device, progress.step + 1
+    lr = step_lr(c, step, progress.schedule_steps)
+    for group in setup.optimizer.param_groups:
         group["lr"] = lr
-    loss_sum = torch.zeros((), device=trainer.device)
+    loss_sum = torch.zeros((), device=device)
     for micro in range(c.accum):
-        batch = trainer.train_data.batch((step - 1) * c.accum + micro, c.batch_size, seed=c.seed,
-                                         rank=trainer.groups.dp_rank, world=trainer.groups.dp).to(trainer.device)
-        sync_now = trainer.ddp is None or micro == c.accum - 1
-        with _maybe_no_sync(trainer.ddp, sync_now):  # (read trainer.ddp each time: see Trainer.close)
-            loss = (lm_loss(trainer.ddp or trainer.model, batch, trainer.precision, trainer.device)
-                    if trainer.groups.cp == 1 else
-                    cp_lm_loss(trainer.ddp or trainer.model, trainer.model, batch, trainer.precision, trainer.device,
-                               trainer.groups)) / c.accum
+        batch = setup.data.train_data.batch((step - 1) * c.accum + micro, c.batch_size, seed=c.seed,
+                                            rank=groups.dp_rank, world=groups.dp).to(device)
+        sync_now = ddp is None or micro == c.accum - 1
+        with _maybe_no_sync(ddp, sync_now):
+            loss = (lm_loss(ddp or model, batch, progress.precision, device) if groups.cp == 1 else
+                    cp_lm_loss(ddp or model, model, batch, progress.precision, device, groups)) / c.accum
             loss.backward()
         loss_sum += loss.detach()
-    grad_norm = torch.nn.utils.clip_grad_norm_(trainer.model.parameters(), c.clip)
-    loss_value = float(dist.mean(loss_sum, trainer.ctx))
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), c.clip)
+    loss_value = float(dist.mean(loss_sum, ctx))
     if not (math.isfinite(loss_value) and math.isfinite(float(grad_norm))):
-        diverged(trainer, step, loss_value, float(grad_norm), lr)
-    trainer.optimizer.step()
-    trainer.optimizer.zero_grad(set_to_none=True)
+        raise diverged(setup, step, loss_value, float(grad_norm), lr, names)
+    setup.optimizer.step()
+    setup.optimizer.zero_grad(set_to_none=True)
     return loss_value, float(grad_norm), lr
 
 
@@ -137,13 +136,14 @@ def progress_bar(enabled: bool, total: int, initial: int, desc: str = "train"):
     return _progress.bar(total, desc=desc, unit="step", initial=initial) if enabled else None
 
 
-def diverged(trainer, step: int, loss: float, grad_norm: float, lr: float) -> None:
-    """Stop a run whose loss or gradient norm is not finite, saying what was kept and the usual causes."""
-    n = trainer.names
-    newest = ckpt.list_checkpoints(trainer.run_dir)
+def diverged(setup, step: int, loss: float, grad_norm: float, lr: float, names) -> TrainingDiverged:
+    """The error that stops a run whose loss or gradient norm is not finite, saying what was kept and the usual
+    causes."""
+    n = names
+    newest = ckpt.list_checkpoints(setup.run_dir)
     kept = (f"the newest checkpoint {newest[-1]} is the last finite one (start a new run from its weights with "
             f"{n('init_from')} {newest[-1]} and a lower {n('lr')})" if newest else "no checkpoint was written yet")
-    raise TrainingDiverged(
+    return TrainingDiverged(
         f"training stopped at step {step}: the loss is {loss} and the gradient norm {grad_norm} (lr {lr:.3g}); "
         f"nothing was saved for this step, {kept}. Usual causes: a learning rate too high ({n('lr')} "
-        f"{trainer.config.lr:g}), no warmup, or bf16 overflow (try {n('precision')} fp32).")
+        f"{setup.config.lr:g}), no warmup, or bf16 overflow (try {n('precision')} fp32).")
