@@ -30,7 +30,7 @@ def table(**per_backend):
     return cost.Calibration(out, "pinned (test)")
 
 
-#: SDPA's kernel and blocksparse's pieces price an entry alike; blocksparse pays per kernel call; math is slow
+#: SDPA's kernel and blocksparse's pieces price an entry alike; blocksparse pays per kernel call (math has no work)
 FAIR = table(sdpa={"call": 1e-5, "entries": 1e-10, "mask": 1e-9},
              blocksparse={"call": 2e-5, "kernels": 5e-5, "entries": 1e-10, "mask": 1e-9, "gather": 1e-9, "tiled": 3e-10,
                           "table": 2e-10, "mask_eval": 1e-9},
@@ -141,12 +141,12 @@ def test_explain_prints_every_capable_backends_predicted_time_and_its_parts():
     with cost.use(FAIR):
         e = chosen(1024, M.prepare(M.causal() & M.sliding_window(128), 1024))
     text = str(e)
-    assert set(e.costs) == {"sdpa", "blocksparse"}  # math and eager: priced up to 512 x 512 entries per head only
+    assert set(e.costs) == {"sdpa", "blocksparse"}  # eager: priced up to 512 x 512 entries per head; math never
     assert f"sdpa: could serve, predicted {e.costs['sdpa']}" in text
     assert "math: could serve, ranks lower" in text
     with cost.use(FAIR):
         short = chosen(256, M.prepare(M.causal() & M.sliding_window(128), 256))
-    assert set(short.costs) == {"sdpa", "blocksparse", "eager", "math"}  # (eager ranks -5 here, but is priced)
+    assert set(short.costs) == {"sdpa", "blocksparse", "eager"}  # (eager ranks -5 here, but is priced)
     assert any(w.startswith(f"predicted {e.costs['blocksparse']}") for w in e.why), e.why
     parts = dict((n, s) for n, _, s in e.costs["blocksparse"].parts)
     assert parts["kernels"] == pytest.approx(5e-5 * dict((n, a) for n, a, _ in e.costs["blocksparse"].parts)["kernels"])

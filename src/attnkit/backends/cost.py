@@ -331,10 +331,6 @@ DEFAULTS: dict[str, dict[str, float]] = {
         "table": 2.26e-10, "tiled": 4.38e-10
     },
     "blocksparse/float32/train": {"entries": 2.16e-10, "gather": 2.67e-10, "rows": 1.92e-08, "tiled": 2.92e-10},
-    "math/bfloat16/forward": {"bias": 1.19e-09, "decode": 0.000545, "entries": 1.46e-10, "kv": 1.75e-10},
-    "math/bfloat16/train": {"bias": 6.02e-10, "call": 0.0118},
-    "math/float32/forward": {"bias": 3.73e-08, "decode": 0.000118, "entries": 2.42e-10, "kv": 4.45e-10},
-    "math/float32/train": {"bias": 4.53e-09, "call": 0.0166},
     "sdpa/bfloat16/forward": {
         "bias": 3.03e-09, "decode": 0.000809, "entries": 5.39e-11, "kv": 6.32e-10, "rows": 1.3e-09
     },

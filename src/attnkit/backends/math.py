@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from attnkit._validation import AttentionCall
 from attnkit.backends.base import Rank
-from attnkit.backends.cost import dense_work
 from attnkit.functional.reference import reference_from_call
 
 
@@ -13,6 +12,9 @@ class MathBackend:
     ranks_by_signature = True  # supports/rank read the call's signature only
     traceable = True
     serves_sinks = True  # the reference adds the sink column to the softmax
+    # no ``work``: the fallback is never priced, so auto takes it only where no priced backend can serve (its
+    # rank, 0, never beats a priced backend's); in ``attnkit bench routing`` it was the fastest in no cell but
+    # the ones only it serves, and priced it was picked for short softcap calls at 1.7-2.3x the fastest's time
 
     def available(self) -> list[str]:
         return []
@@ -24,10 +26,6 @@ class MathBackend:
         if call.return_weights:
             return Rank(0, "return_weights=True: only math returns the probabilities")
         return Rank(0, "the reference path, which serves every request (no faster backend can serve this call)")
-
-    def work(self, call: AttentionCall) -> dict[str, float] | None:
-        """What it computes (``backends.cost``): the (B, H, Lq, Lk) scores, materialised, and a bias."""
-        return dense_work(call, scores=True, bias=call.bias is not None)
 
     def plan(self, call: AttentionCall) -> str:
         return "materialises the (B, H, Lq, Lk) scores; O(Lq x Lk) memory"
