@@ -47,7 +47,8 @@ class LMConfig:
 
     Positions: ``positions`` ("rope", "alibi" inside attention; "sinusoidal", "learned" added to the
     embeddings; "none"), or one of :data:`LAYER_POSITIONS` per layer (NoPE layers among RoPE ones: SmolLM3);
-    RoPE's ``rope_base`` (rope_theta), ``rope_scaling`` (a Hugging Face style dict, e.g. ``{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}``) and ``rope_style``.
+    RoPE's ``rope_base`` (rope_theta), ``rope_scaling`` (a Hugging Face style dict, e.g. ``{"rope_type": "yarn",
+    "factor": 4.0, "original_max_position_embeddings": 4096}``) and ``rope_style``.
 
     Masks: ``causal`` (decoder) or bidirectional (encoder); ``window`` = a sliding window of that many keys on
     every layer, or a tuple with one entry (int or None = full causal) per layer (Mistral: all; Gemma-2:
