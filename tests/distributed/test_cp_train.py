@@ -73,3 +73,15 @@ def test_context_parallel_run_resumes_bitwise(tmp_path):
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert "resumed" in resumed.stdout
     assert _losses(crashed).tolist() == _losses(run).tolist()  # exact floats, every step
+
+
+def test_attention_dropout_is_refused_naming_the_settings():
+    """The context parallel backend has no attention dropout: the model is refused when it is built (issue 33.12),
+    not at its first forward."""
+    from attnkit.distributed import check_model
+    from attnkit.models.builders import build_lm
+
+    with pytest.raises(NotImplementedError, match=r"attention dropout 0.1: .*train with --dropout 0 or "
+                                                  r"--context-parallel 1"):
+        check_model(build_lm("nano", dropout=0.1), names=lambda name: "--" + name.replace("_", "-"))
+    check_model(build_lm("nano"))  # no dropout: served

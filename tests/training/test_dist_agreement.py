@@ -5,6 +5,7 @@ message once the collectives' timeout (``ATTNKIT_DIST_TIMEOUT``) has passed, not
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
-from train_helpers import cli_args
+from train_helpers import cli_args, run_cli
 
 from attnkit.runs.read import list_checkpoints, read_metrics, read_state
 from attnkit.training import dist as tdist
@@ -29,9 +30,9 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _two_ranks(scenario, args_of_rank, timeout_s=None, wait=(0, 1)):
-    """Start ranks 0 and 1 (their own arguments each); return [(returncode, stdout, stderr), ...] of the ranks in
-    ``wait`` and the seconds until they ended (the others are killed then)."""
+def _two_ranks(scenario, args_of_rank, timeout_s=None, wait=(0, 1), cwd_of_rank=lambda rank: None):
+    """Start ranks 0 and 1 (their own arguments and working folder each); return [(returncode, stdout, stderr),
+    ...] of the ranks in ``wait`` and the seconds until they ended (the others are killed then)."""
     port, procs = _free_port(), []
     for rank in range(2):
         env = {**os.environ, "OMP_NUM_THREADS": "1", "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2",
@@ -39,7 +40,7 @@ def _two_ranks(scenario, args_of_rank, timeout_s=None, wait=(0, 1)):
         if timeout_s is not None:
             env["ATTNKIT_DIST_TIMEOUT"] = str(timeout_s)
         procs.append(subprocess.Popen([sys.executable, str(WORKER), scenario, *args_of_rank(rank)], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=cwd_of_rank(rank)))
     start, results = time.monotonic(), []
     try:
         for proc in (procs[r] for r in wait):
@@ -63,6 +64,50 @@ def test_ranks_started_with_different_settings_refuse_naming_them(tmp_path):
         assert "--seed: rank 0 0, rank 1 1" in err and "--seq-len: rank 0 32, rank 1 48" in err
         assert "Traceback" not in err
     assert not list_checkpoints(run) and not (run / "metrics.jsonl").exists()  # refused before anything was written
+
+
+def test_ranks_resuming_different_checkpoints_refuse_naming_it(tmp_path):
+    """Node-local copies of a run under one path, whose newest checkpoints differ (steps 4 and 2): the ranks would
+    train mixed steps into a mixed checkpoint; the settings check compares what each rank resumed (issue 33.7)."""
+    first = run_cli(cli_args(tmp_path / "a" / "run", "--steps", "4", "--ckpt-every", "2", "--keep", "3"))
+    assert first.returncode == 0, first.stderr[-2000:]
+    shutil.copytree(tmp_path / "a", tmp_path / "b")
+    shutil.rmtree(list_checkpoints(tmp_path / "b" / "run")[-1])  # rank 1's copy: newest is step 2
+    results, _ = _two_ranks("plain", lambda r: ["train", "--resume", "run", "--steps", "6", "--no-progress"],
+                            timeout_s=60, cwd_of_rank=lambda r: tmp_path / "ab"[r])
+    for code, _, err in results:
+        assert code == 2, err[-2000:]
+        assert "the checkpoint resumed (run, step, weights): rank 0 {" in err and "'step': 4" in err
+        assert "'step': 2" in err and "Traceback" not in err
+    for copy, newest in (("a", 4), ("b", 2)):  # nothing trained, nothing written (metrics.jsonl as copied)
+        assert [r["step"] for r in read_metrics(tmp_path / copy / "run" / "metrics.jsonl")] == [1, 2, 3, 4]
+        assert read_state(list_checkpoints(tmp_path / copy / "run")[-1])["step"] == newest
+
+
+def test_ranks_with_different_context_parallel_refuse_naming_it_within_the_timeout(tmp_path):
+    """``--context-parallel 2`` on one rank, 1 on the other: the settings are compared before any process group
+    of context parallelism is made, so both ranks end with one message naming the flag (issue 33.9)."""
+    run = tmp_path / "run"
+    results, seconds = _two_ranks("plain", lambda r: cli_args(run, "--steps", "4", "--context-parallel", str(2 - r)),
+                                  timeout_s=60)
+    for code, _, err in results:
+        assert code == 2, err[-2000:]
+        assert "--context-parallel: rank 0 2, rank 1 1" in err and "Traceback" not in err
+        assert "another rank of this run stopped" not in err
+    assert not run.exists()
+
+
+def test_context_parallel_with_attention_dropout_is_refused_before_the_run_folder_is_written(tmp_path):
+    """The context parallel backend has no attention dropout: refused with the model, before the run folder is
+    touched, saying which flags to change (issue 33.12)."""
+    run = tmp_path / "run"
+    results, _ = _two_ranks("plain", lambda r: cli_args(run, "--steps", "4", "--context-parallel", "2",
+                                                        "--dropout", "0.1"), timeout_s=60)
+    for code, _, err in results:
+        assert code == 2, err[-2000:]
+        assert "attention dropout 0.1" in err and "train with --dropout 0 or --context-parallel 1" in err
+        assert "backend='auto'" not in err and "Traceback" not in err
+    assert not run.exists()
 
 
 def test_rank_0_decides_precision_and_the_minutes_step_count_for_every_rank(tmp_path):

@@ -15,10 +15,18 @@ from attnkit.distributed.attention import CPExplanation, context_parallel_attent
 from attnkit.distributed.comm import MessageLog, count_messages
 from attnkit.distributed.kernel import merge
 from attnkit.distributed.layout import ShardLayout, by_documents, contiguous, layout_for, zigzag
-from attnkit.distributed.scope import ContextParallelBackend, Groups, check_model, groups, shard_rows, sharded
+from attnkit.distributed.scope import (
+    ContextParallelBackend,
+    Groups,
+    check_model,
+    data_parallel,
+    groups,
+    shard_rows,
+    sharded,
+)
 
 __all__ = [
     "context_parallel_attention", "explain", "CPExplanation", "ShardLayout", "contiguous", "zigzag",
     "by_documents", "layout_for", "count_messages", "MessageLog", "merge", "sharded", "groups", "Groups",
-    "shard_rows", "ContextParallelBackend", "check_model",
+    "shard_rows", "ContextParallelBackend", "check_model", "data_parallel",
 ]

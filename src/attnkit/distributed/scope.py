@@ -129,20 +129,31 @@ class Groups:
     group: object  # the context-parallel process group of this rank (None when cp == 1)
 
 
-def groups(rank: int, world: int, cp: int) -> Groups:
-    """Consecutive ranks ``[d * cp, (d + 1) * cp)`` form context-parallel group d (every rank must call this)."""
+def data_parallel(world: int, cp: int) -> int:
+    """The data-parallel replicas of a world of ``world`` ranks with ``cp`` context-parallel ranks each (checked:
+    ``cp`` a positive int dividing ``world``); nothing is created, so every rank can check before any collective."""
     if isinstance(cp, bool) or not isinstance(cp, int) or cp < 1 or world % cp:
         raise AttnkitValueError(f"context_parallel={cp!r} must be a positive int dividing the number of processes "
                                 f"{world}; launch world = data_parallel x context_parallel processes with torchrun.")
+    return world // cp
+
+
+def groups(rank: int, world: int, cp: int, timeout: float | None = None) -> Groups:
+    """Consecutive ranks ``[d * cp, (d + 1) * cp)`` form context-parallel group d (every rank must call this, with
+    the same ``cp``: agree on it first). ``timeout``: seconds the groups' collectives wait (None: torch's default)."""
+    dp = data_parallel(world, cp)
     mine = None
     if cp > 1:
+        import datetime
+
         import torch.distributed as dist
 
-        for d in range(world // cp):
-            g = dist.new_group(list(range(d * cp, (d + 1) * cp)))
+        wait = None if timeout is None else datetime.timedelta(seconds=timeout)
+        for d in range(dp):
+            g = dist.new_group(list(range(d * cp, (d + 1) * cp)), timeout=wait)
             if d == rank // cp:
                 mine = g
-    return Groups(cp, world // cp, rank % cp, rank // cp, mine)
+    return Groups(cp, dp, rank % cp, rank // cp, mine)
 
 
 def shard_rows(layout: ShardLayout, rank: int, *tensors: torch.Tensor | None):
@@ -150,16 +161,23 @@ def shard_rows(layout: ShardLayout, rank: int, *tensors: torch.Tensor | None):
     return tuple(None if t is None else layout.shard(t, rank, dim=1) for t in tensors)
 
 
-def check_model(model: torch.nn.Module) -> None:
+def check_model(model: torch.nn.Module, names=str) -> None:
     """Refuse a model whose attention does not all go through the backend (linear attention layers keep a
-    running state over the local tokens only, which would silently ignore the other ranks), or that
-    recomputes its forward in backward (gradient checkpointing: outside the scope)."""
-    from attnkit.nn import LinearAttention
+    running state over the local tokens only, which would silently ignore the other ranks), that recomputes its
+    forward in backward (gradient checkpointing: outside the scope), or that has attention dropout (the context
+    parallel backend has none). ``names(field)``: how the message names a setting (the CLI passes its flags)."""
+    from attnkit.nn import LinearAttention, MultiHeadAttention
 
     if getattr(model, "gradient_checkpointing", False):
         raise BackendUnsupportedError(
             "context parallelism with gradient checkpointing: the recomputed forward runs in backward, outside "
-            "the sharded() scope; train with context_parallel=1 or grad_checkpointing=False.")
+            f"the sharded() scope; train with {names('context_parallel')} 1 or without "
+            f"{names('grad_checkpointing')}.")
+    dropping = sorted({m.dropout for m in model.modules() if isinstance(m, MultiHeadAttention) and m.dropout > 0})
+    if dropping:
+        raise BackendUnsupportedError(
+            f"context parallelism with attention dropout {dropping[-1]:g}: the context parallel backend has no "
+            f"attention dropout; train with {names('dropout')} 0 or {names('context_parallel')} 1.")
     found = [name for name, m in model.named_modules() if isinstance(m, LinearAttention)]
     if found:
         raise BackendUnsupportedError(

@@ -285,9 +285,6 @@ def _check_run_identity(ckpt: Path, state: dict, fail) -> None:
              "copied in from elsewhere is never adopted - start a new run from it with init_from=")
 
 
-# ------------------------------------------------------------------------------------------------ loading
-
-
 def load_weights(ckpt: str | Path, model: torch.nn.Module) -> dict:
     """Verify ``ckpt`` and load its weights into ``model`` (strict); return the state record."""
     state, data = read_verified(ckpt, keep=(FILES[0],))
@@ -371,8 +368,7 @@ def read_metrics(path: str | Path, on_skip: Callable[[str], None] | None = None)
 
 def _short(value) -> str:
     """``repr(value)``, cut to 40 characters (a 400-digit number in a message would be a paragraph)."""
-    text = repr(value)
-    return text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
+    return repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:20]}...({len(repr(value))} characters)"
 
 
 def _record_problem(record) -> str | None:

@@ -126,6 +126,17 @@ def check_same(settings: dict, ctx: DistContext, names=str) -> None:
                             "every rank with the same command and data.")
 
 
+#: how the settings check names what is not a setting of its own
+CHECKED = {"data_sha256": "the training data (its sha256)", "resumed": "the checkpoint resumed (run, step, weights)",
+           "started_from": "the checkpoint started from (run, step, weights)"}
+
+
+def agreed(ctx: DistContext, names=str):
+    """``check(settings)``: :func:`check_same` for this run's ranks, naming a setting by ``names(field)`` and the
+    checked values that are not settings (:data:`CHECKED`) in words."""
+    return lambda settings: check_same(settings, ctx, lambda key: CHECKED.get(key) or names(key))
+
+
 def from_rank0(value, ctx: DistContext):
     """Rank 0's ``value`` on every rank (a picklable object; itself in one process)."""
     if not ctx.enabled:

@@ -74,6 +74,10 @@ def _quiet(*args, **kwargs) -> None:
     pass
 
 
+def _text(path: str | Path | None) -> str | None:
+    return None if path is None else str(path)
+
+
 class Trainer:
     """One run: data, model, optimizer, schedule and outputs; :meth:`run` trains to the last step.
 
@@ -154,13 +158,15 @@ class Trainer:
                                     f"settings, its optimizer), {n('init_from')} starts a new run from a checkpoint's "
                                     "weights.")
         self.ctx = dist.init(config.device)  # a missing device is a typed error before anything is written
+        agreed = dist.agreed(self.ctx, n)
+        agreed({**asdict(config), "resume": _text(resume), "init_from": _text(init_from)})  # before any collective
         opening = start.open_start(self.ctx, config, resume, init_from, given, self.log, n)
         self.folder = opening.folder
         config = opening.config
         if config.overfit:  # every step sees all the samples
             config = replace(config, batch_size=config.overfit_samples)
-        self.groups = cp.groups(self.ctx.rank, self.ctx.world, config.context_parallel)
-        dist.check_batch(config.batch_size, replace(self.ctx, world=self.groups.dp))
+        dist.check_batch(config.batch_size, replace(self.ctx, world=cp.data_parallel(self.ctx.world,
+                                                                                      config.context_parallel)))
         run_dir = Path(config.run_dir)
         if resume is None:  # `--run-dir nano` would be shadowed by the preset nano in every later command
             from attnkit.runs.source import check_folder_name
@@ -171,9 +177,9 @@ class Trainer:
         if opening.model_config is None:  # a new run's model: from the preset
             start.check_preset_length(config, self.log, n)
         data = start.load_data(config, self.log)
-        dist.check_same({**asdict(config), "resume": None if resume is None else str(resume),
-                         "init_from": None if init_from is None else str(init_from), "data_sha256": data.data_sha256},
-                        self.ctx, n)  # before anything is written: every rank runs the same run
+        agreed({**asdict(config), "data_sha256": data.data_sha256, "resumed": start.digest(opening.resume_state),
+                "started_from": start.digest(opening.init_state)})  # the same run on every rank, before any write
+        self.groups = cp.groups(self.ctx.rank, self.ctx.world, config.context_parallel, timeout=dist.timeout_s())
         torch.manual_seed(config.seed)
         self.setup = start.build_setup(config, opening, data, ByteTokenizer(), self.groups, self.ctx.device,
                                        self.log, n)

@@ -87,6 +87,15 @@ def open_start(ctx, config: TrainConfig, resume, init_from, given, log, names) -
     return Opening(config)
 
 
+def digest(state: dict | None) -> dict | None:
+    """What identifies the checkpoint a run starts from (its run, step and weights), for the ranks to compare:
+    node-local copies of a run folder can hold different newest checkpoints under the same path."""
+    if state is None:
+        return None
+    return {"run_id": state.get("run_id"), "step": state.get("step"),
+            "model_sha256": (state.get("sha256") or {}).get(ckpt.FILES[0])}
+
+
 def build_setup(config: TrainConfig, opening: Opening, data: Data, tokenizer: ByteTokenizer, groups, device, log,
                 names) -> Setup:
     """The run's :class:`Setup`: the model from the checkpoint's config, else the preset's, with gradient
@@ -108,7 +117,7 @@ def build_setup(config: TrainConfig, opening: Opening, data: Data, tokenizer: By
     model.gradient_checkpointing = config.grad_checkpointing
     counting = sent = None
     if groups.cp > 1:
-        cp.check_model(model)
+        cp.check_model(model, names)
         counting = contextlib.ExitStack()  # this rank's context-parallel bytes, per step in metrics
         sent = counting.enter_context(cp.count_messages())
     optimizer = torch.optim.AdamW(param_groups(model, config.weight_decay), lr=config.lr, betas=config.betas,
