@@ -41,39 +41,32 @@ class LayerInfo:
     skipped: str = ""
 
 
-def _parts(spec) -> list:
-    """The conjuncts of ``spec`` (an ``Or`` or ``Not`` is one part: it is no single pattern)."""
-    from attnkit.masks.spec import And
-
-    if isinstance(spec, And):
-        return [p for part in spec.parts for p in _parts(part)]
-    return [spec]
-
-
 def mask_kind(spec) -> str:
-    """The layer kind one attention call's mask spec says (see the module docstring); padding and documents
-    (which only take keys away from a pattern) do not change it."""
-    from attnkit.masks.kinds.positional import Causal, Chunked, Custom, SlidingWindow, Strided, TwoSidedWindow
+    """The layer kind one attention call's mask spec says (see the module docstring), read from its conjuncts'
+    ``kind`` (``attnkit.masks``); padding and documents (which only take keys away from a pattern) do not change
+    it. An ``|`` or ``~`` is no single pattern: its own spelling."""
+    from attnkit.masks import is_plain_causal
 
     if spec is None:
         return "full (bidirectional)"
-    parts = _parts(spec)
+    parts = spec.conjuncts()
     for part in parts:
-        if isinstance(part, SlidingWindow):
+        kind = getattr(part, "kind", None)
+        if kind == "sliding_window":
             return f"sliding {part.window}"
-        if isinstance(part, TwoSidedWindow):
+        if kind == "two_sided_window":
             return f"local ({part.left}, {part.right})"
-        if isinstance(part, Chunked):
+        if kind == "chunked":
             return f"chunked {part.chunk}"
-        if isinstance(part, Strided):
+        if kind == "strided":
             return f"strided {part.stride}"
-        if isinstance(part, Custom):  # transformers' chunked layers arrive as a named custom mask (Llama 4)
-            found = re.fullmatch(r"chunked\((\d+)\)", part.name)
+        if kind == "custom":  # transformers' chunked layers arrive as a named custom mask (Llama 4)
+            found = re.fullmatch(r"chunked\((\d+)\)", getattr(part, "name", ""))
             if found:
                 return f"chunked {found.group(1)}"
-    if any(isinstance(p, Causal) for p in parts):
+    if any(is_plain_causal(p) or getattr(p, "kind", None) == "causal" for p in parts):
         return "full (causal)"
-    known = [p for p in parts if type(p).__name__ not in ("Padding", "Document")]
+    known = [p for p in parts if getattr(p, "kind", None) not in ("padding", "document")]
     return "full (bidirectional)" if not known else repr(spec)
 
 
