@@ -52,9 +52,9 @@ def run(args) -> int:
 
     import torch
 
+    from attnkit._files import check_text
     from attnkit.diagnostics.report import MAX_TOKENS, check_length, check_out, report, shown, tokenize
     from attnkit.diagnostics.report.encode import human_bytes
-    from attnkit.diagnostics.report.out import check_text
     from attnkit.runs import locate, open_source
 
     for flag in ("target", "text", "title", "compare", "out"):  # undecodable bytes: one typed line, no traceback

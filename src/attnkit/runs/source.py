@@ -31,7 +31,6 @@ from pathlib import Path
 from torch import nn
 
 from attnkit.errors import AttnkitValueError, EnvironmentUnsupportedError
-from attnkit.integrations.remote_code import RemoteCodeRefused, read_config  # noqa: F401  (re-exported)
 from attnkit.runs.read import CHECKPOINTS, MANIFEST, is_checkpoint_or_run, is_converted, load_model, metrics_file
 from attnkit.runs.tokens import ByteTokenizer, folder_tokenizer, run_tokenizer
 
@@ -259,9 +258,10 @@ def hf_class(tf, config, *, encoder: bool = False):
 def load_hf_folder(path: Path, *, encoder: bool = False):
     """``(model, None)`` for a Hugging Face folder with weights (of unknown training), never running its code:
     ``trust_remote_code=False`` and a config with ``auto_map`` (custom modelling code in the folder) is refused with
-    :class:`RemoteCodeRefused`; a malformed config.json, a folder without weights and a model larger than the
-    memory here are typed errors before anything is built (:mod:`attnkit.integrations.hf.folders`). The model is
-    the class that holds the weights (:func:`hf_class`: no randomly initialised head)."""
+    :class:`~attnkit.integrations.remote_code.RemoteCodeRefused`; a malformed config.json, a folder without weights
+    and a model larger than the memory here are typed errors before anything is built
+    (:mod:`attnkit.integrations.hf.folders`). The model is the class that holds the weights (:func:`hf_class`: no
+    randomly initialised head)."""
     from attnkit.integrations.hf.folders import check_weights, load_config, load_pretrained
 
     tf = _transformers()

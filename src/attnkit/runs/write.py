@@ -35,25 +35,18 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load, load_file, save_file, save_model  # noqa: F401  (load_file: for callers)
+from safetensors.torch import load, save_file, save_model
 
 from attnkit.errors import EnvironmentUnsupportedError
-
-# the reader, re-exported for the trainer's callers (defined once, in attnkit.runs.read)
-from attnkit.runs.read import (  # noqa: F401
+from attnkit.runs.read import (
     CHECKPOINTS,
     FILES,
     FORMAT,
     MANIFEST,
-    CheckpointError,
     list_checkpoints,
     load_verified_weights,
-    load_weights,
     manifest_bytes,
-    read_state,
     read_verified,
-    resolve,
-    run_identity,
     sha256_file,
 )
 

@@ -33,24 +33,18 @@ from torch.nn.parallel import DistributedDataParallel
 from attnkit import distributed as cp
 from attnkit.errors import AttnkitValueError
 from attnkit.runs.folder import RunFolder
-from attnkit.runs.read import LOSS_PLOT, METRICS, load_model  # noqa: F401  (load_model: re-exported)
+from attnkit.runs.read import LOSS_PLOT, METRICS
+from attnkit.runs.tokens import ByteTokenizer
 from attnkit.training import dist, record, start
-from attnkit.training.config import RESUME_HONOURS, TrainConfig, setting  # noqa: F401  (RESUME_HONOURS: re-exported)
-from attnkit.training.data import ByteTokenizer, unigram_loss
+from attnkit.training.config import TrainConfig, setting
+from attnkit.training.data import unigram_loss
 from attnkit.training.deadline import Deadline
 from attnkit.training.interrupt import StopRequest, stop_requests
 from attnkit.training.metrics import MetricsWriter, plot_loss
 from attnkit.training.sampling import sample_text
 from attnkit.training.schedule import lr_at
 from attnkit.training.state import Progress, Setup
-from attnkit.training.steps import (  # noqa: F401  (param_groups, lm_loss, evaluate, verdict: re-exported)
-    evaluate,
-    lm_loss,
-    optimizer_step,
-    param_groups,
-    progress_bar,
-    verdict,
-)
+from attnkit.training.steps import evaluate, optimizer_step, progress_bar, verdict
 
 
 @dataclass
@@ -85,7 +79,7 @@ class Trainer:
     resume or start from); then rank 0 takes the folder's lock (:class:`attnkit.runs.folder.RunFolder`).
 
     ``resume``: continue a run from its newest checkpoint (or one checkpoint folder). The run keeps its own
-    settings; of ``config`` only :data:`RESUME_HONOURS` are used when named in ``given`` (the settings the
+    settings; of ``config`` only :data:`attnkit.training.config.RESUME_HONOURS` are used when named in ``given`` (the settings the
     user set explicitly), the rest of ``given`` is reported as ignored. ``steps`` beyond the original end
     extends the run: the schedule keeps its warmup + cosine to the original end, then holds the minimum rate.
     ``init_from``: start a new run from a checkpoint's weights (fine-tuning): its model, fresh optimizer, step 0.

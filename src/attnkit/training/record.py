@@ -14,6 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from attnkit.models.config import LMConfig
+from attnkit.runs import read as reader
 from attnkit.runs import write as ckpt
 from attnkit.runs.read import METRICS, RUN_CONFIG
 from attnkit.training import dist
@@ -48,7 +49,7 @@ def identity(setup: Setup, progress: Progress, world: int, deadline=None) -> dic
         out["time_budget"] = deadline.summary(p.first_plan, p.step)
     if setup.init_state is not None:
         out["init_from"] = {"run_id": setup.init_state.get("run_id"), "step": setup.init_state["step"],
-                            "model_sha256": setup.init_state["sha256"][ckpt.FILES[0]]}
+                            "model_sha256": setup.init_state["sha256"][reader.FILES[0]]}
     return out
 
 
@@ -116,7 +117,7 @@ def tokens_per_step(setup: Setup) -> int:
 
 def interrupted(setup: Setup, progress: Progress, ctx, stop_request, names) -> TrainingInterrupted:
     """The error that ends a run stopped on request (on some rank), once its step is checkpointed."""
-    newest = ckpt.list_checkpoints(setup.run_dir)[-1] if ctx.is_main else None
+    newest = reader.list_checkpoints(setup.run_dir)[-1] if ctx.is_main else None
     return TrainingInterrupted(
         f"stopped by {stop_request.name if stop_request.signum is not None else 'another rank'} after step "
         f"{progress.step}/{progress.total_steps}: checkpoint {newest} written; continue the run with "
