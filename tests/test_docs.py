@@ -20,7 +20,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 FILES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
-FENCE = re.compile(r"(?:<!--\s*(?P<marker>continues|skip:[^>]*?)\s*-->\n)?```python\n(?P<code>.*?)```", re.S)
+#: the visible line above a fence whose block uses the names of the block above (an HTML comment was invisible)
+CONTINUES = "*(continues the block above)*"
+FENCE = re.compile(r"(?:(?:<!--\s*(?P<marker>skip:[^>]*?)\s*-->|(?P<continues>" + re.escape(CONTINUES) + r"))\n)?"
+                   r"```python\n(?P<code>.*?)```", re.S)
 #: folders the check for leftovers does not walk (the environment, git, caches written by imports)
 NOT_WALKED = {".venv", ".git", "__pycache__", ".pytest_cache", ".ruff_cache", ".hypothesis"}
 
@@ -40,7 +43,8 @@ class Block:
 
 def parse(path: Path) -> list[Block]:
     text = path.read_text()
-    return [Block(path, i, text[:m.start("code")].count("\n"), m.group("code"), m.group("marker"))
+    return [Block(path, i, text[:m.start("code")].count("\n"), m.group("code"),
+                  "continues" if m.group("continues") else m.group("marker"))
             for i, m in enumerate(FENCE.finditer(text), start=1)]
 
 
@@ -86,13 +90,15 @@ def test_every_python_fence_is_parsed_and_every_marker_is_valid():
             assert b.marker is None or b.marker == "continues" or b.marker[5:].strip(), \
                 f"{b.name}: `<!-- skip: -->` needs a reason"
         assert not blocks or blocks[0].marker != "continues", f"{path.name}: the first block continues nothing"
-        stray = re.findall(r"<!--\s*(?:continues|skip:[^>]*)\s*-->\n(?!```python\n)", text)
+        stray = re.findall(r"(?:<!--\s*skip:[^>]*-->|" + re.escape(CONTINUES) + r")\n(?!```python\n)", text)
         assert not stray, f"{path.name}: a marker not directly above a ```python fence: {stray}"
+        hidden = re.findall(r"<!--\s*continue[sd]?\s*-->", text)
+        assert not hidden, f"{path.name}: {hidden}: a reader can't see an HTML comment; write {CONTINUES} instead"
 
 
 def test_chains_and_skips_are_recognised(tmp_path):
-    (tmp_path / "x.md").write_text("```python\na = 1\n```\n<!-- continues -->\n```python\nb = a + 1\n```\n"
-                                   "<!-- continues -->\n```python\nassert b == 2\n```\n```python\nc = 3\n```\n"
+    (tmp_path / "x.md").write_text(f"```python\na = 1\n```\n{CONTINUES}\n```python\nb = a + 1\n```\n"
+                                   f"{CONTINUES}\n```python\nassert b == 2\n```\n```python\nc = 3\n```\n"
                                    "<!-- skip: needs a GPU -->\n```python\nimport nothing_here\n```\n")
     blocks = parse(tmp_path / "x.md")
     assert [b.marker for b in blocks] == [None, "continues", "continues", None, "skip: needs a GPU"]
@@ -111,3 +117,17 @@ def test_drop_in_example_prints_true(capsys, tmp_path, monkeypatch):
     for b in chain(block):
         exec(b.code, {})
     assert capsys.readouterr().out.strip().endswith("True")
+
+
+def test_committed_pages_show_no_local_paths():
+    """Issue 31 item 5: the example report page showed a developer's path (/work/wt/.../site-packages/...). The
+    pages a reader opens (README, docs/, examples/) name files as a user would type them."""
+    import re
+    import subprocess
+
+    files = subprocess.run(["git", "ls-files", "README.md", "docs", "examples", "benchmarks/README.md"], cwd=ROOT,
+                           capture_output=True, text=True, check=True).stdout.split()
+    local = re.compile(r"(?<![\w.])/(?:work|home|root|Users|private/var)/[\w.+-]+|site-packages/|\.venv/lib/")
+    found = [f"{name}: {m.group(0)}" for name in files if name.endswith((".md", ".html", ".ipynb", ".py"))
+             for m in [local.search((ROOT / name).read_text(errors="replace"))] if m]
+    assert found == []

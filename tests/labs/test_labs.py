@@ -207,3 +207,25 @@ def test_out_is_never_a_users_folder(tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     with pytest.raises(AttnkitValueError, match="^out='.*file' is a file; pass a folder"):
         check_out_folder(tmp_path / "file", "heads")
+
+
+def test_the_scale_labs_training_claims_need_a_model_that_learned():
+    """Issue 31 item 5: `lab scale --quick` rated "the unscaled model's attention turns more one-hot during training"
+    "does not hold" from a pair of models that never learned (the claim above it said "not measured")."""
+    import math
+
+    from attnkit.labs.harness import VOCAB
+    from attnkit.labs.scale import CLAIMS
+
+    training = [c for c in CLAIMS if "train" in c.claim.lower() and "at init" not in c.claim]
+    assert len(training) == 2
+
+    def runs(final_loss, unscaled_share):
+        run = lambda share, loss: {"final_loss": loss, "one_hot_share": [0.0, share]}  # noqa: E731
+        return {"train": {"scaled": run(0.0, final_loss), "unscaled": run(unscaled_share, 1.2 * final_loss)}}
+
+    for claim in training:
+        at_chance = claim.verdict(runs(math.log(VOCAB) - 0.1, 0.5))
+        assert at_chance["verdict"] == "not measured" and "the scaled model did not learn" in at_chance["measured"]
+        assert claim.verdict(runs(2.0, 0.5))["verdict"] == "holds"
+        assert claim.verdict(runs(2.0, 0.0))["verdict"] != "not measured"

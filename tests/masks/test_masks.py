@@ -147,7 +147,7 @@ def test_binding_errors(mask, args, match):
 
 
 def test_batch_mismatch_between_mask_data_and_call():
-    from attnkit.masks.spec import MaskContext
+    from attnkit.masks import MaskContext
 
     ctx = MaskContext(torch.zeros(3, 2, dtype=torch.long), torch.zeros(3, 2, dtype=torch.long))
     with pytest.raises(AttnkitValueError, match="carries data for batch 2 but the call has batch 3"):

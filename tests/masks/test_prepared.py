@@ -10,6 +10,7 @@ import torch
 import attnkit as ak
 from attnkit.backends import flex
 from attnkit.errors import AttnkitTypeError, AttnkitValueError
+from attnkit.masks import blocks
 from attnkit.masks import prepared as prepared_module
 from oracle import assert_within_rule
 
@@ -154,7 +155,8 @@ def test_structure_and_default_positions():
     assert M.prepare(M.chunked(4) & M.strided(2), 8).structure.stride == 2
     assert M.prepare(M.causal(), torch.arange(6)).pure_causal  # equal to the defaults: SDPA may flag it
     assert not M.prepare(M.causal(), torch.arange(6) + 1).pure_causal
-    cover = M.prepare(M.causal(), 8).block_cover(4)
+    pm = M.prepare(M.causal(), 8)
+    cover = blocks.cover(pm.spec, pm.grid(4))
     assert cover.any.tolist() == [[True, False], [True, True]] and cover.full.tolist() == [[False, False], [True, False]]
 
 

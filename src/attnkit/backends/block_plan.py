@@ -25,9 +25,8 @@ from dataclasses import dataclass
 
 import torch
 
-from attnkit.masks import MaskContext, MaskSpec, Strided
+from attnkit.masks import BoundMask, MaskContext, MaskSpec
 from attnkit.masks.blocks import BlockCover, BlockGrid, cover, evaluate_on
-from attnkit.masks.spec import BoundMask
 
 BLOCK = 64  # tile size (queries and keys)
 MIN_PIECE = 256  # queries per piece at least (when mergeable): SDPA's CPU kernel is inefficient on small pieces
@@ -90,7 +89,7 @@ class Plan:
 def stride_hint(mask: MaskSpec | None) -> int | None:
     """The stride of a ``strided(s)`` conjunct of the mask, if any."""
     conjuncts = () if mask is None else mask.conjuncts()
-    return next((p.stride for p in conjuncts if isinstance(p, Strided)), None)
+    return next((p.stride for p in conjuncts if p.kind == "strided"), None)
 
 
 def _residue_order(positions: torch.Tensor, stride: int) -> torch.Tensor:

@@ -29,8 +29,7 @@ from attnkit._memo import Memo
 from attnkit._validation import AttentionCall, build_call
 from attnkit.backends import registry
 from attnkit.functional.reference import empty_result
-from attnkit.masks import PreparedMask
-from attnkit.masks.kinds.positional import Causal
+from attnkit.masks import PreparedMask, is_plain_causal
 from attnkit.masks.prepared import SHARED_MAX_ENTRIES
 
 #: lanes of calls without a mask or with a ``causal()`` written in the call: ``{key: Lane}``
@@ -64,7 +63,7 @@ def plain_call(q, k, v, mask, scale) -> tuple[AttentionCall, Callable[[Attention
     state = registry.routing_state()
     tensors_key = (q.shape, k.shape, v.shape, q.dtype, k.dtype, v.dtype, q.device, k.device, v.device)
     grad = torch.is_grad_enabled() and (q.requires_grad, k.requires_grad, v.requires_grad)
-    if mask is None or type(mask) is Causal:  # the global table (no data: the kind is the whole mask)
+    if mask is None or is_plain_causal(mask):  # the global table (no data: the kind is the whole mask)
         key = (mask is None, tensors_key, grad, state)
         lane = _LANES.get(key)
         if lane is None:
@@ -98,5 +97,5 @@ def _lane(q, k, v, mask) -> Lane:
     runner = getattr(chosen, "runner", None)
     run = empty_result if call.is_empty else runner(call) if runner is not None else chosen
     small = call.prepared is None or call.q_len * call.kv_len <= SHARED_MAX_ENTRIES
-    keep = call.prepared if (small or type(mask) is not Causal) else None  # a big causal()'s forms are not kept
+    keep = call.prepared if (small or not is_plain_causal(mask)) else None  # a big causal()'s forms are not kept
     return Lane(run, chosen, score, call.mask, keep, call.q_positions, call.kv_positions, 1.0 / math.sqrt(q.shape[3]))

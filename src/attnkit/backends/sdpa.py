@@ -21,7 +21,7 @@ from attnkit._bias import StructuredBias
 from attnkit._validation import AttentionCall
 from attnkit.backends.base import Rank, skippable_structure
 from attnkit.functional.reference import propagate_nan_queries
-from attnkit.masks import Causal
+from attnkit.masks import is_plain_causal
 
 #: GQA calls with at most this many queries run folded (see the module docstring). Measured in isolation on a
 #: 2-core Xeon, torch 2.13, one query, 8/2 heads: fp32 1.1x (512 keys) to 1.5-2.2x (4096) the speed of
@@ -74,7 +74,7 @@ class SDPABackend:
             "causal": "is_causal=True: fused kernel skips blocks above the diagonal",
             "dense": "dense mask tensor (Lq x Lk): fused kernel, but no block is skipped",
         }[mode]
-        if mode == "dense" and isinstance(call.prepared.spec, Causal):
+        if mode == "dense" and is_plain_causal(call.prepared.spec):
             parts += " (causal with explicit positions or Lq != Lk can't use SDPA's top-left is_causal)"
         if call.bias is not None:
             parts += "; bias materialised as a (B, H, Lq, Lk) float tensor"

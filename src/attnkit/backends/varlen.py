@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 
 from attnkit._validation import AttentionCall
-from attnkit.masks import Causal, Document, PreparedMask
+from attnkit.masks import PreparedMask
 
 MIN_BUCKET = 16  # the shortest bucket length: runs shorter than this share one bucket
 
@@ -90,8 +90,7 @@ def document_runs(call: AttentionCall) -> Runs | None:
     if prepared is None or prepared.is_tensor or call.q_len != call.kv_len or call.bias is not None or \
             call.softcap is not None or call.sinks is not None or torch.compiler.is_compiling():
         return None
-    kinds = sorted(type(p).__name__ for p in prepared.spec.conjuncts())
-    if kinds != sorted((Causal.__name__, Document.__name__)):
+    if prepared.structure.kinds != ("causal", "document"):
         return None
     return prepared.memo("varlen runs", lambda: _runs(prepared))
 

@@ -77,7 +77,7 @@ def contenders(case, n, args, dtype=torch.float32):
     leaves = [t.clone().requires_grad_(True) for t in (q, k, v)]
     allowed = mask.to_dense(n) if mask is not None else None  # (1, 1, N, N) bool, built outside the timings
     entries = int(allowed.sum()) if allowed is not None else n * n
-    causal_flag = isinstance(mask, M.Causal) and bias is None
+    causal_flag = M.is_plain_causal(mask) and bias is None
     dense_bias = bias.materialize(*[torch.arange(n)[None]] * 2).to(dtype) if bias is not None and n <= args.dense_max else None
     out: dict[str, tuple] = {}
 

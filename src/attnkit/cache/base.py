@@ -62,12 +62,7 @@ def index_parts(mask: object) -> list[MaskSpec]:
     """The leaves of ``mask`` defined on key/query *indices* rather than positions (``padding``, ``document``,
     ``dense``): right only where the cache returns keys in the order they were written."""
     mask = getattr(mask, "spec", mask)
-    if not isinstance(mask, MaskSpec):
-        return []
-    children = getattr(mask, "parts", None) or ([mask.inner] if hasattr(mask, "inner") else None)
-    if children:
-        return [leaf for child in children for leaf in index_parts(child)]
-    return [] if mask.positional else [mask]
+    return [leaf for leaf in mask.leaves() if not leaf.positional] if isinstance(mask, MaskSpec) else []
 
 
 def _covers(outer: tuple[int | None, int | None], inner: tuple[int | None, int | None]) -> bool:

@@ -52,7 +52,7 @@ class SlidingWindowCache(CacheBase):
         if by_index:  # the ring returns keys in slot order, which stops being position order once it wraps
             raise AttnkitValueError(
                 f"a sliding-window cache returns its keys in ring order, but mask={mask!r} has parts defined on key "
-                f"indices ({', '.join(type(p).__name__ for p in by_index)}), which would point at the wrong keys once "
+                f"indices ({', '.join(p.kind for p in by_index)}), which would point at the wrong keys once "
                 "the ring wraps; express padding by position (attnkit.models.generation.padding_by_position), or use a "
                 "dynamic/static cache.")
 

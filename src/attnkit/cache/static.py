@@ -21,7 +21,6 @@ import torch
 from attnkit._checks import positive_int
 from attnkit.cache.base import EMPTY_POSITION, CacheBase, CacheFullError, index_parts
 from attnkit.errors import AttnkitValueError
-from attnkit.masks import Document
 
 
 class StaticCache(CacheBase):
@@ -39,7 +38,7 @@ class StaticCache(CacheBase):
 
     def check_mask(self, mask: object) -> None:
         super().check_mask(mask)
-        implicit = [p for p in index_parts(mask) if isinstance(p, Document) and p.q_doc_ids is None]
+        implicit = [p for p in index_parts(mask) if p.queries_from_keys]
         if implicit:  # the queries are not the last Lq of the max_length slots
             raise AttnkitValueError(
                 f"a static cache returns all max_length={self.max_length} slots, but mask={mask!r} has a document "

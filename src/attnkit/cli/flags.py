@@ -9,6 +9,7 @@ Only ``name=`` spellings are translated (a bare word such as ``out`` or ``data``
 from __future__ import annotations
 
 import re
+from pathlib import PurePath
 
 #: Python argument -> the flag that sets it (where they differ only by ``--`` and dashes, the rule below)
 FLAGS = {"doctor": "--no-doctor"}
@@ -18,7 +19,7 @@ NAMES = ("run_dir", "resume", "init_from", "overwrite", "out", "hf", "device", "
          "threads", "space", "minutes", "trials", "trial_steps", "seeds", "workers", "storage", "study", "join",
          "grid", "preset", "heartbeat_s")
 #: per command, Python names whose flag is another word (``convert_folder(path=...)`` is ``convert --hf``)
-COMMANDS = {"convert": {"path": "--hf"}}
+COMMANDS = {"convert": {"path": "--hf"}, "export": {"out": "--hf", "family": "--family", "run_path": "RUN"}}
 #: flags whose value is a plain word, shown unquoted (``device='cpu'`` -> ``--device cpu``)
 WORDS = {"device"}
 #: switches: ``name=True`` is the flag alone (``doctor=False`` is ``--no-doctor``)
@@ -52,3 +53,60 @@ def as_typed(message: str, command: str | None = None) -> str:
     names = (*NAMES, *COMMANDS.get(command, {}))
     pattern = r"(?<!\w)'[^']*'|(?<![\w.-])(" + "|".join(names) + r")" + _VALUE  # a quoted value: left as it is
     return re.sub(pattern, lambda match: _one(match, command), message)
+
+
+#: the largest seed every command takes: a seed is one signed 64-bit int (torch, numpy and the run's config agree)
+SEED_MAX = 2**63 - 1
+
+
+def seed(text: str) -> int:
+    """argparse ``type`` of every command's ``--seed``: an int from 0 to :data:`SEED_MAX` (2**63 - 1), refused at
+    parse time, before anything is loaded (a larger one crashed deep in torch or numpy, after the model was built)."""
+    import argparse
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not 0 <= value <= SEED_MAX:
+        shown = text if len(text) <= 40 else f"{text[:20]}...({len(text)} characters)"
+        raise argparse.ArgumentTypeError(f"must be an int from 0 to 2**63 - 1 ({SEED_MAX}), got {shown!r}; e.g. "
+                                         "--seed 0")
+    return value
+
+
+def apply_rules(parser) -> None:
+    """The rules every command's flags share, set in one place on ``parser`` and each of its sub-commands' parsers:
+    a ``--seed`` is read by :func:`seed`. (A command added later gets them without remembering them.)"""
+    import argparse
+
+    for action in parser._actions:
+        if action.dest == "seed" and action.option_strings:
+            action.type = seed
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in set(action.choices.values()):
+                apply_rules(sub)
+
+
+def check_strings(parser, args) -> None:
+    """Refuse a string argument (a flag's value, a positional, a path) that is not valid UTF-8, naming the flag as
+    typed: an undecodable byte on the command line arrives as a lone surrogate and crashed the command later
+    (printing it, tokenizing it, writing it), after the model was loaded."""
+    from attnkit._files import check_text
+
+    names = {}  # dest -> how the user typed it (--text, TARGET)
+
+    def collect(p) -> None:
+        import argparse
+
+        for action in p._actions:
+            names.setdefault(action.dest, action.option_strings[0] if action.option_strings else action.dest.upper())
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in set(action.choices.values()):
+                    collect(sub)
+
+    collect(parser)
+    for dest, value in vars(args).items():
+        for one in value if isinstance(value, (list, tuple)) else [value]:
+            if isinstance(one, (str, PurePath)):
+                check_text(names.get(dest, dest), str(one))

@@ -52,7 +52,7 @@ def run(args) -> int:
     torch.manual_seed(args.seed)
     source = open_source(args.target, encoder=args.encoder)
     model = source.model
-    ids, _ = tokenize(model, args.text, source.saved_hf_tokenizer)  # (1, L)
+    ids, _ = tokenize(model, args.text, source.hf_tokenizer)  # (1, L)
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if isinstance(limit, int) and ids.shape[1] > limit:
         raise AttnkitValueError(f"--text is {ids.shape[1]} tokens but {args.target} has position embeddings for "

@@ -5,7 +5,9 @@ Each subcommand is a module ``attnkit.cli.<name>`` with ``add_parser(subparsers)
 ``add_parser`` is one, so adding a command is adding a file.
 
 A user error (a typed :class:`attnkit.errors.AttnkitError` for bad input or an unsupported environment)
-prints its message alone and exits with status 2; ``--debug`` shows the traceback instead. A command-line
+prints its message alone (one line, no hint) and exits with status 2; ``--debug`` shows the traceback instead.
+Arguments are checked before any work: every ``--seed`` is an int from 0 to 2**63 - 1 (:func:`flags.apply_rules`)
+and every text argument valid UTF-8 (:func:`flags.check_strings`). A command-line
 mistake argparse finds (an unknown flag, a missing argument) prints one line and ``see `attnkit CMD --help```,
 not the whole usage block, and exits with status 2 too.
 """
@@ -20,7 +22,7 @@ import sys
 from pathlib import Path
 
 import attnkit.cli as _package
-from attnkit.cli.flags import as_typed
+from attnkit.cli.flags import apply_rules, as_typed, check_strings
 from attnkit.errors import AttnkitError
 from attnkit.training.interrupt import TrainingInterrupted
 
@@ -57,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     for module in command_modules().values():
         module.add_parser(sub)
     parser.commands = sub.choices  # {name or alias: its parser}
+    apply_rules(parser)  # the flags every command shares (--seed), checked the same way everywhere
     return parser
 
 
@@ -71,6 +74,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.commands[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     args.startup_s = startup_s  # train --minutes counts it
     try:
+        check_strings(parser.commands[args.command], args)  # every text argument valid UTF-8, before any work
         return int(args.run(args) or 0)
     except TrainingInterrupted as exc:  # Ctrl-C / SIGTERM during training: the step is checkpointed
         if debug:
@@ -95,7 +99,6 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         print(f"attnkit {args.command}: error: {as_typed(str(exc), args.command)}", file=sys.stderr)
-        print("(run again with --debug for the traceback)", file=sys.stderr)
         return 2
 
 

@@ -61,6 +61,8 @@ def run(args) -> int:
         if getattr(args, flag) is not None:
             check_text(f"--{flag}" if flag != "target" else "TARGET", str(getattr(args, flag)))
     target = locate(args.target)
+    if args.compare is not None:  # before the model loads and the doctor runs: a missing checkpoint costs nothing
+        locate(args.compare, name="--compare")
     metrics = target.metrics
     out = args.out or default_out(target)
     check_out(out, args.overwrite)  # the library's rules, before the model loads: a typo costs nothing
@@ -70,7 +72,7 @@ def run(args) -> int:
     model, fresh = source.model, source.fresh
     title = args.title or f"attnkit report: {args.target}"
     max_tokens = MAX_TOKENS if args.max_tokens is None else args.max_tokens
-    ids, labels = tokenize(model, args.text, source.saved_hf_tokenizer) if args.text else (args.text, None)
+    ids, labels = tokenize(model, args.text, source.hf_tokenizer) if args.text else (args.text, None)
     if args.text:
         check_length(ids.shape[1], max_tokens)  # before the doctor runs
     loaded = time.perf_counter()

@@ -11,9 +11,13 @@ import attnkit as ak
 M = ak.masks
 
 
+#: the lengths the tour takes: every mask is drawn as an L x L picture, one character per entry
+MIN_LENGTH, MAX_LENGTH = 1, 128
+
+
 def cases(L: int):
-    docs = torch.tensor([[0] * 5 + [1] * 4 + [2] * (L - 9)])  # (1, L): three packed documents
-    real = torch.arange(L)[None, :] >= 3  # (1, L): three left-padding tokens
+    docs = (3 * torch.arange(L))[None, :] // L  # (1, L): three packed documents (fewer when L < 3)
+    real = torch.arange(L)[None, :] >= L // 4  # (1, L): a quarter of left-padding tokens
     return [
         ("causal", M.causal(), {}),
         ("sliding window 4", M.sliding_window(4), {}),
@@ -29,11 +33,17 @@ def cases(L: int):
 def add_parser(sub) -> None:
     p = sub.add_parser("tour", aliases=["demo"],
                        help="a tour: attention with several masks and positions, and why each backend served it")
-    p.add_argument("--length", type=int, default=12, help="sequence length (default 12)")
+    p.add_argument("--length", type=int, default=12,
+                   help=f"sequence length, {MIN_LENGTH} to {MAX_LENGTH} (the masks are drawn L x L; default 12)")
     p.set_defaults(run=run)
 
 
 def run(args) -> int:
+    if not MIN_LENGTH <= args.length <= MAX_LENGTH:
+        from attnkit.errors import AttnkitValueError
+
+        raise AttnkitValueError(f"--length must be a sequence length from {MIN_LENGTH} to {MAX_LENGTH} (each mask is "
+                                f"drawn as an L x L picture), got {args.length}; e.g. --length 12.")
     L, g = args.length, torch.Generator().manual_seed(0)
     q = torch.randn(1, 4, L, 32, generator=g)  # (B, H, L, D)
     k, v = torch.randn(2, 1, 2, L, 32, generator=g)  # (B, Hkv=2, L, D) each: grouped-query attention
@@ -50,7 +60,7 @@ def run(args) -> int:
         print(str(why))
         print(f"max |out - float64 reference| = {float((out.double() - golden).abs().max()):.2e}\n")
 
-    print("== decoding one token after 11 cached ones (bottom-right causal: the new query sees every key)")
+    print(f"== decoding one token after {L - 1} cached ones (bottom-right causal: the new query sees every key)")
     print(M.causal().picture(1, L))
     print(ak.explain(q[:, :, -1:], k, v, M.causal()), "\n")
 

@@ -221,9 +221,9 @@ def hf_subject(model: nn.Module, name: str | None = None, causal: bool | None = 
     """A Hugging Face ``PreTrainedModel`` (causal LM, or encoder such as BERT)."""
     config = model.config
     if causal is None:
-        from attnkit.integrations.hf.folders import HF_ENCODER_TYPES
+        from attnkit.integrations.hf.folders import is_encoder
 
-        causal = bool(getattr(config, "is_decoder", False)) or config.model_type not in HF_ENCODER_TYPES
+        causal = not is_encoder(config)
     params = inspect.signature(model.forward).parameters
     cache_kw = "cache" if "cache" in params else "past_key_values"
 

@@ -35,7 +35,7 @@ from attnkit.distributed.kernel import TileKernel, acc_dtype
 from attnkit.distributed.layout import ShardLayout, contiguous
 from attnkit.distributed.plan import STRATEGIES, Plan, build_plan, choose
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, BackendUnsupportedError, describe
-from attnkit.masks import Dense, MaskContext, MaskSpec
+from attnkit.masks import MaskContext, MaskSpec, dense
 
 KV, DKV, HOME = 0, 1, 2  # message tags
 
@@ -275,7 +275,7 @@ def _prepare(q, k, v, mask, bias, scale, softcap, positions, layout, group, stra
             f"{layout.length(comm.rank)} tokens; shard the inputs with layout.shard(x, rank).")
     B, H, Hkv, L = q.shape[0], q.shape[1], k.shape[1], layout.seq_len
     if isinstance(mask, torch.Tensor):
-        mask = Dense(mask)
+        mask = dense(mask)
     elif mask is not None and not isinstance(mask, MaskSpec):
         raise AttnkitTypeError(f"mask must be an attnkit mask, a bool tensor (B|1, H|1, L, L) over the global "
                                f"sequence or None, got {describe(mask)}.")

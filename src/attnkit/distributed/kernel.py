@@ -29,7 +29,7 @@ from dataclasses import dataclass
 import torch
 
 from attnkit._bias import StructuredBias
-from attnkit.masks.spec import BoundMask
+from attnkit.masks import BoundMask
 
 
 @dataclass(frozen=True)

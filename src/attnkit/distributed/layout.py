@@ -24,7 +24,7 @@ import torch
 
 from attnkit._checks import integer
 from attnkit.errors import AttnkitValueError, describe
-from attnkit.masks import Document, MaskSpec
+from attnkit.masks import MaskSpec
 
 
 @dataclass(frozen=True)
@@ -143,8 +143,8 @@ def layout_for(mask: MaskSpec | None, seq_len: int, world: int) -> ShardLayout:
     at equal cost)."""
     if mask is None:
         return contiguous(seq_len, world)
-    document = next((c for c in mask.conjuncts() if isinstance(c, Document)), None)
-    if document is not None and document.q_doc_ids is None:
+    document = next((c for c in mask.conjuncts() if c.kind == "document"), None)
+    if document is not None and document.queries_from_keys:
         return by_documents(document.doc_ids, world)
     if mask.reach() == (None, 0):
         return zigzag(seq_len, world)

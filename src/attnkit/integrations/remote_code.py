@@ -28,9 +28,14 @@ def read_config(folder: Path) -> dict:
     if raw.get("auto_map"):
         raise RemoteCodeRefused(
             f"{str(folder)!r} is a Hugging Face model with custom code (config.json has auto_map "
-            f"{sorted(raw['auto_map'])}); attnkit never runs a model folder's Python code. Load it from your own "
+            f"{_shown(raw['auto_map'])}); attnkit never runs a model folder's Python code. Load it from your own "
             "Python session after reviewing the code, then pass the model object (e.g. ak.doctor.examine(model)).")
     return raw
+
+
+def _shown(auto_map) -> str:
+    """``auto_map`` as a message shows it: a mapping's keys (the classes it replaces), anything else as written."""
+    return repr(sorted(map(str, auto_map))) if isinstance(auto_map, dict) else repr(auto_map)[:80]
 
 
 def check_tokenizer(folder: Path) -> None:
@@ -46,6 +51,6 @@ def check_tokenizer(folder: Path) -> None:
         if isinstance(raw, dict) and raw.get("auto_map"):
             raise RemoteCodeRefused(
                 f"the tokenizer in {str(folder)!r} asks to run the folder's own Python code ({name} has auto_map "
-                f"{sorted(raw['auto_map']) if isinstance(raw['auto_map'], dict) else raw['auto_map']!r}); attnkit never "
+                f"{_shown(raw['auto_map'])}); attnkit never "
                 "runs a model folder's code. Load the tokenizer in your own Python session after reviewing the code, "
                 "or pass token ids instead of text.")

@@ -12,8 +12,9 @@ Builders return :class:`MaskSpec` objects; combine them with ``&``, ``|``, ``~``
 ``mask.to_dense(q_positions, kv_positions)``. :func:`prepare` binds a mask once per forward (a
 :class:`PreparedMask` every layer shares; see :mod:`attnkit.masks.prepared`).
 
-Adding a mask kind: a :class:`MaskSpec` subclass with ``bind`` (and ``offsets``/``reach`` when it is a band)
-in ``spec.py``, its block cover (``@cover.register``) in ``blocks.py``, and a builder here.
+Adding a mask kind: a :class:`MaskSpec` subclass in ``kinds/positional.py`` or ``kinds/data.py`` (its ``kind``
+name, ``bind``, ``offsets``/``reach`` when it is a band, and its block cover, ``@cover.register``, beside it) and a
+builder here.
 """
 
 from __future__ import annotations
@@ -23,25 +24,19 @@ from collections.abc import Callable, Sequence
 import torch
 
 from attnkit.masks.dense import default_positions, materialize
-from attnkit.masks.prepared import MaskStructure, PreparedMask, prepare
-from attnkit.masks.spec import (
-    And,
+from attnkit.masks.kinds.data import Dense, Document, Padding
+from attnkit.masks.kinds.positional import (
     Causal,
     Chunked,
-    Combination,
     Custom,
-    Dense,
-    Document,
     GlobalTokens,
-    MaskContext,
-    MaskSpec,
-    Not,
-    Or,
-    Padding,
     SlidingWindow,
     Strided,
     TwoSidedWindow,
+    is_plain_causal,
 )
+from attnkit.masks.prepared import MaskStructure, PreparedMask, prepare
+from attnkit.masks.spec import And, BoundMask, Combination, MaskContext, MaskSpec, Not, Or
 
 
 def causal() -> Causal:
@@ -95,8 +90,8 @@ def dense(tensor: torch.Tensor) -> Dense:
 
 
 __all__ = [
-    "MaskSpec", "MaskContext", "PreparedMask", "MaskStructure", "prepare", "Causal", "SlidingWindow",
+    "MaskSpec", "MaskContext", "BoundMask", "PreparedMask", "MaskStructure", "prepare", "Causal", "SlidingWindow",
     "TwoSidedWindow", "Chunked", "chunked", "Padding", "Document", "Strided", "GlobalTokens",
     "Custom", "Dense", "Combination", "And", "Or", "Not", "causal", "sliding_window", "padding", "document", "strided",
-    "global_tokens", "custom", "dense", "materialize", "default_positions",
+    "global_tokens", "custom", "dense", "materialize", "default_positions", "is_plain_causal",
 ]

@@ -11,7 +11,10 @@ Both are derived from the mask itself, from per-tile ranges of positions, indice
 O(nQ x nK): causal, sliding and two-sided windows from position ranges, chunks and documents from id ranges,
 strided masks from residues, global tokens and padding from their data; a dense tensor is reduced per tile.
 ``&`` intersects, ``|`` unites, ``~`` swaps the two. Only custom masks (an opaque function) and unknown
-subclasses are probed: evaluated on the whole grid, O(Lq x Lk). A new mask kind registers its cover here.
+subclasses are probed: evaluated on the whole grid, O(Lq x Lk). Each kind registers its cover
+(``@cover.register``) beside its class in :mod:`attnkit.masks.kinds`; this module holds the grid, the dispatch,
+the algebra's covers and the helpers (:func:`outer`, :func:`overlap`, :func:`single_equal`, :func:`tiles_of`), and
+imports no kind.
 
 The grid may list queries and keys in any order (``q_index``/``kv_index``, e.g. grouped by residue for a
 strided mask); tiles are cut along that order.
@@ -27,22 +30,8 @@ from functools import cached_property, singledispatch
 
 import torch
 
-from attnkit.masks.spec import (
-    BoundMask,
-    Causal,
-    Chunked,
-    Combination,
-    Dense,
-    Document,
-    GlobalTokens,
-    MaskContext,
-    MaskSpec,
-    Not,
-    Padding,
-    SlidingWindow,
-    Strided,
-    TwoSidedWindow,
-)
+from attnkit.masks.dense import BoundMask, MaskContext
+from attnkit.masks.spec import Combination, MaskSpec, Not
 
 
 @dataclass(frozen=True)
@@ -96,16 +85,16 @@ def tile_range(values: torch.Tensor, block: int) -> tuple[torch.Tensor, torch.Te
     return tiles.amin(dim=(0, 2)), tiles.amax(dim=(0, 2))
 
 
-def _outer(a: torch.Tensor, b: torch.Tensor, op) -> torch.Tensor:
+def outer(a: torch.Tensor, b: torch.Tensor, op) -> torch.Tensor:
     return op(a[:, None], b[None, :])  # (nQ, nK)
 
 
-def _overlap(q_lo, q_hi, kv_lo, kv_hi) -> torch.Tensor:
+def overlap(q_lo, q_hi, kv_lo, kv_hi) -> torch.Tensor:
     """Tiles whose value ranges [q_lo, q_hi] and [kv_lo, kv_hi] intersect ``(nQ, nK)``."""
     return (q_lo[:, None] <= kv_hi[None, :]) & (kv_lo[None, :] <= q_hi[:, None])
 
 
-def _single_equal(q_lo, q_hi, kv_lo, kv_hi) -> torch.Tensor:
+def single_equal(q_lo, q_hi, kv_lo, kv_hi) -> torch.Tensor:
     """Tiles where both ranges are the same single value ``(nQ, nK)``."""
     return ((q_lo == q_hi)[:, None] & (kv_lo == kv_hi)[None, :]) & (q_lo[:, None] == kv_lo[None, :])
 
@@ -114,79 +103,6 @@ def _single_equal(q_lo, q_hi, kv_lo, kv_hi) -> torch.Tensor:
 def cover(mask: MaskSpec | None, grid: BlockGrid) -> BlockCover:
     """The :class:`BlockCover` of ``mask`` on ``grid`` (see the module docstring). Unknown masks are probed."""
     return probe(mask, grid)
-
-
-@cover.register
-def _(mask: Causal, grid: BlockGrid) -> BlockCover:
-    (q_lo, q_hi), (kv_lo, kv_hi) = grid.q_pos, grid.kv_pos
-    return BlockCover(_outer(q_hi, kv_lo, torch.ge), _outer(q_lo, kv_hi, torch.ge))
-
-
-@cover.register
-def _(mask: SlidingWindow, grid: BlockGrid) -> BlockCover:
-    (q_lo, q_hi), (kv_lo, kv_hi) = grid.q_pos, grid.kv_pos
-    d_lo, d_hi = _outer(q_lo, kv_hi, torch.sub), _outer(q_hi, kv_lo, torch.sub)  # range of p - j per tile
-    w = mask.window
-    return BlockCover((d_hi >= 0) & (d_lo < w), (d_lo >= 0) & (d_hi < w))
-
-
-@cover.register
-def _(mask: TwoSidedWindow, grid: BlockGrid) -> BlockCover:
-    (q_lo, q_hi), (kv_lo, kv_hi) = grid.q_pos, grid.kv_pos
-    d_lo, d_hi = _outer(kv_lo, q_hi, torch.sub).T, _outer(kv_hi, q_lo, torch.sub).T  # range of j - p per tile
-    lo, hi = -mask.left, mask.right
-    return BlockCover((d_hi >= lo) & (d_lo <= hi), (d_lo >= lo) & (d_hi <= hi))
-
-
-@cover.register
-def _(mask: Chunked, grid: BlockGrid) -> BlockCover:
-    causal = cover(Causal(), grid)
-    q_chunk = grid.q_tiles(torch.div(grid.ctx.q_positions[grid.rows], mask.chunk, rounding_mode="floor"))
-    kv_chunk = grid.kv_tiles(torch.div(grid.ctx.kv_positions[grid.rows], mask.chunk, rounding_mode="floor"))
-    return BlockCover(causal.any & _overlap(*q_chunk, *kv_chunk), causal.full & _single_equal(*q_chunk, *kv_chunk))
-
-
-@cover.register
-def _(mask: Strided, grid: BlockGrid) -> BlockCover:
-    s = mask.stride
-    q_pos = torch.remainder(grid.ctx.q_positions[grid.rows], s)  # (R, Lq) residues
-    kv_pos = torch.remainder(grid.ctx.kv_positions[grid.rows], s)  # (R, Lk)
-    q_r, kv_r = grid.q_tiles(q_pos), grid.kv_tiles(kv_pos)
-    return BlockCover(_overlap(*q_r, *kv_r), _single_equal(*q_r, *kv_r))
-
-
-@cover.register
-def _(mask: GlobalTokens, grid: BlockGrid) -> BlockCover:
-    table = torch.tensor(mask.positions, device=grid.ctx.device)
-
-    def is_global(pos):  # (R, L) -> (R, L) int
-        return torch.isin(pos, table).to(torch.int8)
-
-    q_lo, q_hi = grid.q_tiles(is_global(grid.ctx.q_positions[grid.rows]))
-    kv_lo, kv_hi = grid.kv_tiles(is_global(grid.ctx.kv_positions[grid.rows]))
-    any_ = (q_hi.bool()[:, None]) | (kv_hi.bool()[None, :])
-    full = (q_lo.bool()[:, None]) | (kv_lo.bool()[None, :])
-    return BlockCover(any_, full)
-
-
-@cover.register
-def _(mask: Padding, grid: BlockGrid) -> BlockCover:
-    B, Lk = grid.ctx.batch, grid.ctx.kv_len
-    if mask.key_is_real is not None:
-        real = mask.key_is_real.to(grid.ctx.device).expand(B, -1)[grid.rows].to(torch.int8)  # (R, Lk)
-    else:
-        lengths = mask.lengths.to(grid.ctx.device).expand(B)[grid.rows]  # (R,)
-        real = (torch.arange(Lk, device=grid.ctx.device)[None, :] < lengths[:, None]).to(torch.int8)  # (R, Lk)
-    lo, hi = grid.kv_tiles(real)
-    n_q = grid.n_q
-    return BlockCover(hi.bool()[None, :].expand(n_q, -1), lo.bool()[None, :].expand(n_q, -1))
-
-
-@cover.register
-def _(mask: Document, grid: BlockGrid) -> BlockCover:
-    q_doc, kv_doc = mask.ids_for(grid.ctx)  # (B, Lq), (B, Lk)
-    q_r, kv_r = grid.q_tiles(q_doc[grid.rows]), grid.kv_tiles(kv_doc[grid.rows])
-    return BlockCover(_overlap(*q_r, *kv_r), _single_equal(*q_r, *kv_r))
 
 
 @cover.register
@@ -227,19 +143,10 @@ def evaluate_on(fn: BoundMask, rows: torch.Tensor, q_idx: torch.Tensor, kv_idx: 
 
 def probe(mask: MaskSpec, grid: BlockGrid) -> BlockCover:
     """Cover by evaluating the mask on every entry (O(Lq x Lk)): only for custom and unknown masks."""
-    return _tiles(evaluate_on(mask.bind(grid.ctx), grid.rows, grid.q_index, grid.kv_index, mask.heads), grid)
+    return tiles_of(evaluate_on(mask.bind(grid.ctx), grid.rows, grid.q_index, grid.kv_index, mask.heads), grid)
 
 
-@cover.register
-def _(mask: Dense, grid: BlockGrid) -> BlockCover:
-    """A dense tensor is its own data: its tiles are reduced directly (no bound function per entry)."""
-    t = mask.tensor.to(grid.ctx.device)  # (B|1, H|1, Lq|1, Lk|1)
-    t = t[grid.rows] if t.shape[0] > 1 else t
-    t = t.expand(-1, -1, grid.ctx.q_len, grid.ctx.kv_len)[:, :, grid.q_index][:, :, :, grid.kv_index]  # tile order
-    return _tiles(t, grid)
-
-
-def _tiles(allowed: torch.Tensor, grid: BlockGrid) -> BlockCover:
+def tiles_of(allowed: torch.Tensor, grid: BlockGrid) -> BlockCover:
     """Any/all per tile of ``allowed (R|1, H|1, Lq|1, Lk|1)`` (grid order) over rows and heads."""
     Lq, Lk = grid.q_index.numel(), grid.kv_index.numel()
     allowed = allowed.expand(*allowed.shape[:2], Lq, Lk).to(torch.int8)

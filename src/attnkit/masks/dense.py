@@ -1,15 +1,49 @@
-"""Binding masks to a call and materialising them as dense boolean tensors.
+"""Binding masks to a call (:class:`MaskContext`, the bound function :data:`BoundMask`) and materialising them
+as dense boolean tensors. Below every other module of ``masks/``: it imports none of them.
 
 Shape legend: B batch, H heads, Lq/Lk query/key lengths.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
 import torch
 
 from attnkit._checks import position_ids
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
-from attnkit.masks.spec import BoundMask, MaskContext, MaskSpec
+
+if TYPE_CHECKING:
+    from attnkit.masks.spec import MaskSpec
+
+# fn(b, h, q_idx, kv_idx) -> bool tensor, all arguments broadcasting int64 tensors
+BoundMask = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class MaskContext:
+    """What a mask is bound to: positions ``(B, Lq)`` / ``(B, Lk)`` int64, already broadcast to one batch."""
+
+    q_positions: torch.Tensor
+    kv_positions: torch.Tensor
+
+    @property
+    def batch(self) -> int:
+        return self.q_positions.shape[0]
+
+    @property
+    def q_len(self) -> int:
+        return self.q_positions.shape[1]
+
+    @property
+    def kv_len(self) -> int:
+        return self.kv_positions.shape[1]
+
+    @property
+    def device(self) -> torch.device:
+        return self.q_positions.device
 
 
 def default_positions(q_len: int, kv_len: int, device: torch.device | str | None = None):

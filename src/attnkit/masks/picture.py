@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 
 from attnkit.errors import AttnkitValueError
-from attnkit.masks.spec import MaskSpec
+
+if TYPE_CHECKING:
+    from attnkit.masks.spec import MaskSpec
 
 DEFAULT_SIZE = 8
 MAX_SIZE = 32

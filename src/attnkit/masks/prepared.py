@@ -5,7 +5,9 @@
 
 - ``fn``: the bound elementwise function ``fn(b, h, q_idx, kv_idx) -> bool`` (flex's ``mask_mod``),
 - :meth:`~PreparedMask.dense`: the dense bool tensor ``(B|1, H|1, Lq, Lk)``, built on first use and kept,
-- :meth:`~PreparedMask.block_cover`: which ``block x block`` tiles may hold / are full of allowed entries, kept,
+- :meth:`~PreparedMask.grid`: a :class:`~attnkit.masks.blocks.BlockGrid` over its context, on which
+  ``masks.blocks.cover(spec, grid)`` says which tiles may hold / are full of allowed entries (the block-sparse
+  planner keeps its plans, cover included, in the memo),
 - :attr:`~PreparedMask.structure`: a small description a backend or a cache can act on without evaluating
   anything: the offset band (how far back and ahead it reaches), document ids, key lengths, chunk size, stride,
 - :meth:`~PreparedMask.memo`: a per-object store where backends keep what they derive (flex's block mask,
@@ -39,9 +41,11 @@ import torch
 
 from attnkit._memo import Memo
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
-from attnkit.masks.blocks import BlockCover, BlockGrid, cover
-from attnkit.masks.dense import context_for, default_positions, evaluate
-from attnkit.masks.spec import BoundMask, Causal, Chunked, Dense, Document, MaskContext, MaskSpec, Padding, Strided
+from attnkit.masks.blocks import BlockGrid
+from attnkit.masks.dense import BoundMask, MaskContext, context_for, default_positions, evaluate
+from attnkit.masks.kinds.data import Dense, Document, Padding
+from attnkit.masks.kinds.positional import Chunked, Strided, is_plain_causal
+from attnkit.masks.spec import MaskSpec
 
 _MISSING = object()
 #: forms of small pure causal masks on default positions kept across calls (see PreparedMask.memo(shared=True))
@@ -60,7 +64,8 @@ class MaskStructure:
     ``offsets``: the exact offset interval when the mask is nothing else (:meth:`MaskSpec.offsets`);
     ``doc_ids``: ``(q_doc (B, Lq), kv_doc (B, Lk))`` of a document conjunct; ``key_lengths``: ``(B,)`` real keys
     per row of a padding-by-lengths conjunct; ``chunk``: C of a ``chunked(C)`` conjunct; ``stride``: s of a
-    ``strided(s)`` conjunct.
+    ``strided(s)`` conjunct; ``kinds``: the :attr:`~MaskSpec.kind` of every conjunct, sorted (``("causal",
+    "document")`` for ``causal() & document(ids)``).
     """
 
     reach: tuple[int | None, int | None]
@@ -69,6 +74,7 @@ class MaskStructure:
     key_lengths: torch.Tensor | None
     chunk: int | None
     stride: int | None
+    kinds: tuple[str, ...] = ()
 
 
 class PreparedMask:
@@ -157,13 +163,6 @@ class PreparedMask:
             return allowed, None
         return allowed | empty, empty
 
-    def block_cover(self, block: int, kv_block: int | None = None) -> BlockCover:
-        """The :class:`~attnkit.masks.blocks.BlockCover` ``(nQ, nK)`` of tiles of ``block`` queries by
-        ``kv_block`` (default ``block``) keys over every batch row, in index order."""
-        kv_block = kv_block or block
-        self.fn  # noqa: B018 -- binding checks the mask's data against the call (lengths, batch)
-        return self.memo(("cover", block, kv_block), lambda: cover(self.spec, self.grid(block, kv_block)))
-
     def grid(self, block: int, kv_block: int | None = None, rows: torch.Tensor | None = None,
              q_index: torch.Tensor | None = None, kv_index: torch.Tensor | None = None) -> BlockGrid:
         """A :class:`~attnkit.masks.blocks.BlockGrid` over this mask's context (defaults: every row, index order)."""
@@ -208,12 +207,13 @@ class PreparedMask:
             doc_ids=None if docs is None else docs.ids_for(self.ctx),
             key_lengths=None if pads is None else pads.lengths.to(self.device).expand(self.batch),
             chunk=next((p.chunk for p in parts if isinstance(p, Chunked)), None),
-            stride=next((p.stride for p in parts if isinstance(p, Strided)), None))
+            stride=next((p.stride for p in parts if isinstance(p, Strided)), None),
+            kinds=tuple(sorted(p.kind for p in parts)))
 
     @property
     def pure_causal(self) -> bool:
         """Exactly ``causal()`` on the default (bottom-right aligned) positions."""
-        return type(self.spec) is Causal and self.default_positions
+        return is_plain_causal(self.spec) and self.default_positions
 
     def sdpa_flag(self, q_len: int, kv_len: int) -> str | None:
         """How SDPA can serve the mask without a tensor: ``"none"`` (a causal decode step: the last position

@@ -9,48 +9,19 @@ block-sparse backend probe blocks.
 Conventions (docs/conventions.md): ``True`` = may attend. Causality is on absolute positions: a query at
 position p sees keys at positions <= p. Padding masks: ``True`` = real token.
 
-The kinds live in :mod:`attnkit.masks.kinds` (by family: ``positional``, ``data``); this module holds the base
-class, the context a mask is bound to and the algebra (``&``, ``|``, ``~``), and re-exports every kind so that
-``attnkit.masks.spec.Causal`` and friends keep their names.
+The kinds live in :mod:`attnkit.masks.kinds` (by family: ``positional``, ``data``) and import this module,
+which holds the base class and the algebra (``&``, ``|``, ``~``); the context a mask is bound to is
+:mod:`attnkit.masks.dense`'s. Nothing here imports a kind (``masks/`` imports in one direction).
 
 Shape legend: B batch, H heads, Lq/Lk query/key lengths.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-
 import torch
 
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
-
-# fn(b, h, q_idx, kv_idx) -> bool tensor, all arguments broadcasting int64 tensors
-BoundMask = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
-
-
-@dataclass(frozen=True)
-class MaskContext:
-    """What a mask is bound to: positions ``(B, Lq)`` / ``(B, Lk)`` int64, already broadcast to one batch."""
-
-    q_positions: torch.Tensor
-    kv_positions: torch.Tensor
-
-    @property
-    def batch(self) -> int:
-        return self.q_positions.shape[0]
-
-    @property
-    def q_len(self) -> int:
-        return self.q_positions.shape[1]
-
-    @property
-    def kv_len(self) -> int:
-        return self.kv_positions.shape[1]
-
-    @property
-    def device(self) -> torch.device:
-        return self.q_positions.device
+from attnkit.masks.dense import BoundMask, MaskContext, context_for, evaluate
 
 
 class MaskSpec:
@@ -63,6 +34,12 @@ class MaskSpec:
     #: True when the mask reads token positions (causal, windows, strides, global tokens, custom), not only
     #: indices and data (a cache serves it by how far back it reaches)
     positional: bool = False
+    #: the kind's name, its constructor's (``"causal"``, ``"padding"``, ...; ``"and"``/``"or"``/``"not"`` for the
+    #: algebra): what backends and caches read instead of the class (``"mask"``: a subclass that names none)
+    kind: str = "mask"
+    #: True when the mask reads the queries' data from the keys' (the queries are the last Lq keys by index: a
+    #: document mask without ``q_doc_ids``); a cache that returns more slots than it was given keys refuses it
+    queries_from_keys: bool = False
 
     def bind(self, ctx: MaskContext) -> BoundMask:
         """Return the elementwise function ``fn(b, h, q_idx, kv_idx) -> bool`` for this call."""
@@ -95,8 +72,6 @@ class MaskSpec:
         mask's data (padding, document ids) or ``batch`` say otherwise; ``heads`` defaults to the number of
         heads the mask distinguishes (1 unless it wraps a per-head tensor).
         """
-        from attnkit.masks.dense import context_for, evaluate
-
         ctx = context_for(self, q_positions, kv_positions, batch=batch)
         return evaluate(self.bind(ctx), ctx, heads=heads or self.heads)
 
@@ -131,6 +106,11 @@ class MaskSpec:
         ``(causal(), padding(x))``; any mask that is not an ``&`` is its own single conjunct."""
         return (self,)
 
+    def leaves(self) -> tuple[MaskSpec, ...]:
+        """The kinds this mask combines, under every ``&``, ``|`` and ``~``, in order:
+        ``(causal() | ~padding(x)).leaves()`` is ``(causal(), padding(x))``; a kind is its own single leaf."""
+        return (self,)
+
 
 def _check_spec(other: object, op: str) -> MaskSpec:
     if not isinstance(other, MaskSpec):
@@ -160,10 +140,6 @@ def _check_batch(mask: MaskSpec, ctx: MaskContext) -> None:
             f"{mask!r} carries data for batch {mask.batch} but the call has batch {ctx.batch}; build the mask "
             "from tensors with the same batch size as q."
         )
-
-
-# ---------------------------------------------------------------- algebra and dense tensors
-
 
 # ---------------------------------------------------------------- algebra
 
@@ -197,6 +173,9 @@ class Combination(MaskSpec):
     def natural_length(self):
         return max((n for p in self.parts if (n := p.natural_length()) is not None), default=None)
 
+    def leaves(self) -> tuple[MaskSpec, ...]:
+        return tuple(leaf for p in self.parts for leaf in p.leaves())
+
     def __repr__(self):
         return "(" + f" {self.symbol} ".join(map(repr, self.parts)) + ")"
 
@@ -204,7 +183,7 @@ class Combination(MaskSpec):
 class And(Combination):
     """Allowed where every part allows."""
 
-    symbol = "&"
+    symbol, kind = "&", "and"
     join = staticmethod(torch.logical_and)
 
     def conjuncts(self) -> tuple[MaskSpec, ...]:
@@ -224,7 +203,7 @@ class And(Combination):
 class Or(Combination):
     """Allowed where any part allows."""
 
-    symbol = "|"
+    symbol, kind = "|", "or"
     join = staticmethod(torch.logical_or)
 
     def offsets(self) -> None:
@@ -242,6 +221,10 @@ def _intersect(intervals) -> tuple[int | None, int | None]:
 
 
 class Not(MaskSpec):
+    """Allowed where the inner mask is not."""
+
+    kind = "not"
+
     def __init__(self, inner: MaskSpec):
         self.inner, self.batch, self.heads, self.positional = inner, inner.batch, inner.heads, inner.positional
 
@@ -252,22 +235,11 @@ class Not(MaskSpec):
     def natural_length(self):
         return self.inner.natural_length()
 
+    def leaves(self) -> tuple[MaskSpec, ...]:
+        return self.inner.leaves()
+
     def __repr__(self):
         return f"~{self.inner!r}"
 
 
-
-# the kinds, by family (imported last: they subclass MaskSpec above); re-exported under their old names
-from attnkit.masks.kinds.data import Dense, Document, Padding  # noqa: E402
-from attnkit.masks.kinds.positional import (  # noqa: E402
-    Causal,
-    Chunked,
-    Custom,
-    GlobalTokens,
-    SlidingWindow,
-    Strided,
-    TwoSidedWindow,
-)
-
-__all__ = ["BoundMask", "MaskContext", "MaskSpec", "Combination", "And", "Or", "Not", "Causal", "SlidingWindow",
-           "TwoSidedWindow", "Chunked", "Strided", "GlobalTokens", "Custom", "Padding", "Document", "Dense"]
+__all__ = ["BoundMask", "MaskContext", "MaskSpec", "Combination", "And", "Or", "Not"]

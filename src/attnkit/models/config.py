@@ -49,8 +49,9 @@ class LMConfig:
     Masks: ``causal`` (decoder) or bidirectional (encoder); ``window`` = a sliding window of that many keys on
     every layer, or a tuple with one entry (int or None = full causal) per layer (Mistral: all; Gemma-2:
     alternating). Embeddings: ``type_vocab_size`` > 0 adds token-type embeddings (BERT: 2); ``embed_norm``
-    normalises the summed embeddings (BERT). ``attention`` is one layer kind for all layers or one per layer
-    (names from :data:`attnkit.models.blocks.ATTENTION_LAYERS`).
+    normalises the summed embeddings (BERT); ``pooler`` adds BERT's pooler (dense + tanh over the first token's
+    final hidden state: ``model.pool(hidden)``, ``(B, L, E) -> (B, E)``). ``attention`` is one layer kind for all
+    layers or one per layer (names from :data:`attnkit.models.blocks.ATTENTION_LAYERS`).
     """
 
     vocab_size: int = 257
@@ -82,6 +83,7 @@ class LMConfig:
     rope_style: str = "half"
     type_vocab_size: int = 0
     embed_norm: bool = False
+    pooler: bool = False
 
     def __post_init__(self):
         from attnkit.nn.mlp import MLPS

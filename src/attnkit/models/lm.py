@@ -74,6 +74,8 @@ class TransformerLM(nn.Module):
         self.norm = nn.Identity() if config.post_norm else make_norm(config.norm, config.embed_dim, eps=config.norm_eps,
                                                                      bias=config.bias)
         self.head = nn.Linear(config.embed_dim, config.vocab_size, bias=False)
+        if config.pooler:
+            self.pooler = Pooler(config.embed_dim)
         self.reset_parameters()
         if config.tie_embeddings:
             self.head.weight = self.embed.weight
@@ -198,6 +200,13 @@ class TransformerLM(nn.Module):
             hidden = hidden[:, -logits_to_keep:]  # (B, n, E)
         return self.head(hidden)  # (B, L|n, V)
 
+    def pool(self, hidden: torch.Tensor) -> torch.Tensor:
+        """BERT's pooled output of final hidden states: ``(B, L, E) -> (B, E)`` (needs ``config.pooler``)."""
+        if "pooler" not in self._modules:
+            raise AttnkitValueError("pool needs a pooler (config.pooler=True, BERT's); the model has none: use "
+                                    "attnkit.models.builders.embed_sequences for a mean over the tokens.")
+        return self.pooler(hidden)
+
     def new_cache(self, batch_size: int, *, kind: str = "dynamic", max_length: int | None = None) -> list:
         """One KV cache per layer (``attnkit.cache``): ``"dynamic"`` grows, ``"static"`` preallocates
         ``max_length``, ``"sliding"`` keeps the last ``window`` keys of each sliding-window layer (layers with
@@ -232,6 +241,17 @@ class TransformerLM(nn.Module):
                 or tokens.dtype == torch.bool:
             raise AttnkitTypeError(f"tokens must be an int64 tensor (B, L), got {describe(tokens)}; pass token ids, "
                                    "e.g. torch.tensor([[1, 2, 3]]).")
+
+
+class Pooler(nn.Module):
+    """BERT's pooler: ``tanh(dense(hidden[:, 0]))``, ``(B, L, E) -> (B, E)``."""
+
+    def __init__(self, embed_dim: int):
+        super().__init__()
+        self.dense = nn.Linear(embed_dim, embed_dim)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.dense(hidden[:, 0]))  # (B, E)
 
 
 def _continued_positions(cache: list, L: int) -> tuple[torch.Tensor, int | None]:

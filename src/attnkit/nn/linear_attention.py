@@ -17,7 +17,7 @@ from torch import nn
 
 from attnkit.errors import AttnkitValueError, BackendUnsupportedError, describe
 from attnkit.functional.linear import LinearState, linear_attention, resolve_feature_map
-from attnkit.masks import Causal, MaskSpec, Padding
+from attnkit.masks import MaskSpec
 from attnkit.nn.attention import _check_shape_args, init_normal
 
 
@@ -39,15 +39,10 @@ def read_mask(mask, batch: int, length: int) -> tuple[bool, torch.Tensor | None]
     parts = () if mask is None else mask.conjuncts()
     causal, key_is_real = False, None
     for part in parts:
-        if isinstance(part, Causal):
+        if part.kind == "causal":
             causal = True
-        elif isinstance(part, Padding):
-            if part.key_is_real is not None:
-                real = part.key_is_real
-            else:
-                real = torch.arange(max(length, int(part.lengths.max()) if part.lengths.numel() else 0),
-                                    device=part.lengths.device)[None, :] < part.lengths[:, None]  # (B, Lk)
-            real = real.expand(batch, -1)  # (B, Lk)
+        elif part.kind == "padding":
+            real = part.key_mask(batch, length)  # (B, Lk)
             key_is_real = real if key_is_real is None else key_is_real & real
         else:
             raise BackendUnsupportedError(

@@ -20,6 +20,17 @@ from attnkit.runs.tokens import TOKENIZER_DIR, folder_tokenizer
 from attnkit.runs.write import save_checkpoint, writing
 
 
+def own_tokens(hf) -> dict:
+    """What an export writes back as the model's own (:mod:`attnkit.runs.export`): the special-token ids of the
+    source's config and its generation config (``to_diff_dict``: the fields that differ from the defaults)."""
+    from attnkit.runs.export import SPECIAL_TOKENS
+
+    generation = getattr(hf, "generation_config", None) if hf.can_generate() else None
+    diff = {} if generation is None else {k: v for k, v in generation.to_diff_dict().items()
+                                          if k != "transformers_version"}
+    return {"special_tokens": {name: getattr(hf.config, name, None) for name in SPECIAL_TOKENS}, "generation": diff}
+
+
 def convert_folder(path: str | Path, out: str | Path, *, dtype: torch.dtype | None = None, overwrite: bool = False,
                    log=print) -> Path:
     """Convert the Hugging Face model ``path`` into the attnkit run folder ``out``; return the checkpoint folder.
@@ -50,7 +61,7 @@ def convert_folder(path: str | Path, out: str | Path, *, dtype: torch.dtype | No
         f"parameters; writing {out}")
     source = {"path": where.name if where.path is None else str(where.path.resolve()),
               "model_type": hf.config.model_type, "transformers": transformers.__version__,
-              "dropout": source_dropout(hf.config)}
+              "dropout": source_dropout(hf.config), **own_tokens(hf)}
     # a tokenizer asking for the folder's code is refused before anything; hf-*-tiny has none
     tokenizer = None if where.path is None else folder_tokenizer(where.path)
     if tokenizer is None:

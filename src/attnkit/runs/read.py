@@ -285,9 +285,6 @@ def _check_run_identity(ckpt: Path, state: dict, fail) -> None:
              "copied in from elsewhere is never adopted - start a new run from it with init_from=")
 
 
-# ------------------------------------------------------------------------------------------------ loading
-
-
 def load_weights(ckpt: str | Path, model: torch.nn.Module) -> dict:
     """Verify ``ckpt`` and load its weights into ``model`` (strict); return the state record."""
     state, data = read_verified(ckpt, keep=(FILES[0],))
@@ -369,17 +366,23 @@ def read_metrics(path: str | Path, on_skip: Callable[[str], None] | None = None)
     return records
 
 
+def _short(value) -> str:
+    """``repr(value)``, cut to 40 characters (a 400-digit number in a message would be a paragraph)."""
+    return repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:20]}...({len(repr(value))} characters)"
+
+
 def _record_problem(record) -> str | None:
     """What makes ``record`` not a metrics record (None when it is one)."""
     if not isinstance(record, dict):
         return f"a JSON {type(record).__name__}, not a record"
     step = record.get("step")
-    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-        return f"step is {step!r}, not an int >= 0"
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < 2**63:
+        return f"step is {_short(step)}, not an int from 0 to 2**63 - 1"  # a 400-digit step overflowed the plots
     for name in METRIC_NUMBERS:
         value = record.get(name, 0)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            return f"{name} is {value!r}, not a number"
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (isinstance(value, int) and
+                                                                              abs(value) >= 2**63):
+            return f"{name} is {_short(value)}, not a number (an int beyond 64 bits does not fit a float)"
     attention = record.get("attention", {})
     if not isinstance(attention, dict) or not all(
             isinstance(info, dict) and isinstance(info.get("verdicts", []), list)

@@ -100,10 +100,11 @@ class Source:
         return self.target.kind
 
     @property
-    def saved_hf_tokenizer(self):
-        """The Hugging Face tokenizer a converted run saved (``attnkit convert``), else None (bytes, or a Hugging
-        Face model, whose own folder ``attnkit.diagnostics.report.tokenize`` reads)."""
-        return getattr(self.tokenizer, "hf", None) if self.kind in ("run", "checkpoint") else None
+    def hf_tokenizer(self):
+        """The Hugging Face tokenizer of the target, of every kind that has one: a converted run's saved one
+        (``attnkit convert``), a Hugging Face folder's own; None for bytes (a trained run, a preset) and for a
+        target without tokenizer files (``hf-*-tiny``, a folder of weights only)."""
+        return getattr(self.tokenizer, "hf", None)
 
     @property
     def metrics(self) -> Path | None:
@@ -128,9 +129,10 @@ def check_folder_name(value, option: str) -> None:
             f"{option} runs/{value} (or ./{value}).")
 
 
-def locate(target: str) -> Target:
+def locate(target: str, name: str = "target") -> Target:
     """The kind of ``target`` (see the module table). An attnkit run folder is recognised before a Hugging Face
-    folder (the trainer writes a ``config.json`` too); a ``config.json`` path names its folder.
+    folder (the trainer writes a ``config.json`` too); a ``config.json`` path names its folder. ``name``: how a
+    refusal names the argument (``--compare``).
 
     A name (a preset, ``hf-*-tiny``) is never a path: ``nano`` is the preset. Where a model folder of that exact
     name is here too (made before new runs refused such names, or by hand), ``nano`` is refused as ambiguous and
@@ -142,7 +144,7 @@ def locate(target: str) -> Target:
         if folder.is_dir() and (is_checkpoint_or_run(folder) or (folder / "config.json").is_file()):
             what = "the preset" if target in PRESETS else "the small Hugging Face model"
             raise AttnkitValueError(
-                f"target {target!r} names both {what} {target} and the model folder ./{target} here; write "
+                f"{name} {target!r} names both {what} {target} and the model folder ./{target} here; write "
                 f"./{target} for the folder, or run from another directory (or rename the folder) for {what}.")
         return Target("preset" if target in PRESETS else "hf-tiny", target)
     path = Path(target)
@@ -153,7 +155,7 @@ def locate(target: str) -> Target:
     if (path / "config.json").is_file():
         return Target("hf-folder", target, path)
     raise AttnkitValueError(
-        f"target {target!r} is not a preset ({sorted(PRESETS)}), a small Hugging Face config "
+        f"{name} {target!r} is not a preset ({sorted(PRESETS)}), a small Hugging Face config "
         f"({sorted(HF_TINY)}), an attnkit run/checkpoint folder, or a Hugging Face folder with config.json; "
         f"check the spelling or the path. {_runs_near(path)}"
     )
@@ -196,12 +198,12 @@ def open_source(target: str | Target, *, encoder: bool = False, convert: bool = 
             None if is_converted(where.path) else _byte_tokenizer(model)))  # a converted run never speaks bytes
     if where.kind == "hf-tiny":
         model, loaded, tokenizer = hf_tiny(where.name), False, lambda: None
-    elif convert:  # what `attnkit convert` loads
+    else:
         from attnkit.integrations.hf.folders import load_hf
 
-        model, loaded, tokenizer = load_hf(where.path), True, lambda: folder_tokenizer(where.path)
-    else:
-        model, _ = load_hf_folder(where.path, encoder=encoder)
+        _transformers()  # its missing-package error and quiet logging, as for hf-*-tiny
+        # convert: the class holding the folder's weights, as `attnkit convert` loads it
+        model = load_hf(where.path, head="masked-lm" if encoder and not convert else "auto")
         loaded, tokenizer = True, lambda: folder_tokenizer(where.path)
     if convert:
         from attnkit.integrations.hf.convert import from_hf
@@ -240,33 +242,3 @@ def hf_tiny(name: str):
         torch.manual_seed(HF_TINY_SEED)
         return getattr(tf, model_cls)(getattr(tf, config_cls)(**kwargs)).eval()
 
-
-def hf_class(tf, config, *, encoder: bool = False):
-    """The class that holds a folder's weights: the first of ``config.architectures`` that transformers has
-    (all-MiniLM-L6-v2: ``BertModel``, never a head the folder lacks), else the Auto class of the model type;
-    ``encoder`` asks for the masked-LM head explicitly."""
-    from attnkit.integrations.hf.folders import HF_ENCODER_TYPES
-
-    if encoder:
-        return tf.AutoModelForMaskedLM
-    for name in getattr(config, "architectures", None) or ():
-        if isinstance(name, str) and isinstance(getattr(tf, name, None), type):
-            return getattr(tf, name)
-    return tf.AutoModelForMaskedLM if config.model_type in HF_ENCODER_TYPES else tf.AutoModelForCausalLM
-
-
-def load_hf_folder(path: Path, *, encoder: bool = False):
-    """``(model, None)`` for a Hugging Face folder with weights (of unknown training), never running its code:
-    ``trust_remote_code=False`` and a config with ``auto_map`` (custom modelling code in the folder) is refused with
-    :class:`~attnkit.integrations.remote_code.RemoteCodeRefused`; a malformed config.json, a folder without weights
-    and a model larger than the memory here are typed errors before anything is built
-    (:mod:`attnkit.integrations.hf.folders`). The model is the class that holds the weights (:func:`hf_class`: no
-    randomly initialised head)."""
-    from attnkit.integrations.hf.folders import check_weights, load_config, load_pretrained
-
-    tf = _transformers()
-    config = load_config(path)
-    auto = hf_class(tf, config, encoder=encoder)
-    check_weights(auto, config, path)
-    # with --encoder an encoder's masked-LM head may be absent (a sentence-embedding checkpoint)
-    return load_pretrained(auto, path, optional=("cls.", "pooler.") if encoder else ("pooler.",)), None

@@ -4,14 +4,17 @@
 >>> model = from_hf(hf_model)          # GPT-2, LLaMA, Mistral, Qwen2 (decoders) or BERT (an encoder)  # doctest: +SKIP
 >>> hf_again = to_hf(model, "llama")   # a transformers model with the same weights (BERT: a BertModel)  # doctest: +SKIP
 
+A family registered with :func:`~attnkit.integrations.hf.families.register_family` converts both ways and exports
+(:func:`exportable_families`).
+
 Every name and layout difference lives in :mod:`attnkit.integrations.hf.families`, one
 :class:`~attnkit.integrations.hf.families.Family` per model type: which ``LMConfig`` fields the HF config sets, and
 which attnkit parameter each HF tensor becomes. attnkit's API knows nothing of them; this module runs the conversions.
 
 (GPT-2, LLaMA, Mistral, Qwen2, BERT: what each maps is listed there.) BERT is an encoder; its MLM head is not
-part of attnkit's encoder, so ``to_hf`` gives a ``BertModel`` (no head): its ``last_hidden_state`` is
-``model.encode(tokens)``, and times the word embeddings it is the attnkit model's logits (attnkit's head is tied
-to the embeddings).
+part of attnkit's encoder, so ``to_hf`` gives a ``BertModel`` (its pooler carried when the source had one: attnkit's
+``pool``): its ``last_hidden_state`` is ``model.encode(tokens)``, and times the word embeddings it is the attnkit
+model's logits (attnkit's head is tied to the embeddings).
 
 A config attnkit can't reproduce exactly raises :class:`~attnkit.errors.BackendUnsupportedError` naming the
 field and its value (e.g. ``rope_type='dynamic'``), never a model that computes something else.
@@ -59,8 +62,8 @@ def from_hf(hf_model, *, dtype: torch.dtype | None = None) -> TransformerLM:
         raise AttnkitTypeError(f"hf_model must be a transformers PreTrainedModel, got {describe(hf_model)}; load "
                                "one with transformers.AutoModelForCausalLM.from_pretrained(path).")
     family = family_of(hf_model.config.model_type)
-    cfg = config_from_hf(hf_model.config)
     base = hf_model.base_model.state_dict()  # names without the "model." / "transformer." prefix
+    cfg = family.from_weights(config_from_hf(hf_model.config), base)  # parts the weights show (BERT's pooler)
     tensors: Tensors = {}
     for p in family.params(cfg):
         missing = [n for n in p.hf if n not in base]
@@ -108,6 +111,35 @@ def to_hf_state_dict(model: TransformerLM, model_type: str) -> Tensors:
     return out
 
 
+def exportable_families() -> list[str]:
+    """The registered model types that ``to_hf`` writes (a transformers class and a config builder), in
+    registration order: the order a trained model is matched against them."""
+    return [name for name, f in FAMILIES.items() if f.causal_lm and f.hf_config]
+
+
+def attnkit_outputs(model: TransformerLM, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Every output of ``model`` an export must reproduce: ``logits`` (B, L, V), and ``pooler_output`` (B, E)
+    when it has a pooler."""
+    hidden = model.encode(tokens)  # (B, L, E)
+    out = {"logits": model.head(hidden)}
+    if model.config.pooler:
+        out["pooler_output"] = model.pool(hidden)
+    return out
+
+
+def hf_outputs(hf_model, tokens: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The same outputs of a transformers model: its ``logits`` (an encoder without a head: the last hidden
+    state times the input embeddings, attnkit's tied head) and its ``pooler_output`` when it has one."""
+    result = hf_model(input_ids=tokens)
+    logits = getattr(result, "logits", None)
+    if logits is None:  # (B, L, E) @ (E, V)
+        logits = result.last_hidden_state @ hf_model.get_input_embeddings().weight.T
+    out = {"logits": logits}
+    if getattr(result, "pooler_output", None) is not None:
+        out["pooler_output"] = result.pooler_output
+    return out
+
+
 def hf_config_for(model: TransformerLM, model_type: str):
     """The transformers config of ``model`` as ``model_type`` (raises when the family can't express it)."""
     family = family_of(model_type)
@@ -119,22 +151,33 @@ def hf_config_for(model: TransformerLM, model_type: str):
     return family.hf_config(model.config, model_type)
 
 
-def to_hf(model: TransformerLM, model_type: str):
+def to_hf(model: TransformerLM, model_type: str, *, special_tokens: dict | None = None,
+          generation: dict | None = None):
     """A transformers ``*ForCausalLM`` of ``model_type`` with ``model``'s weights, in eval mode (BERT: a
-    ``BertModel`` without pooler, whose ``last_hidden_state`` is ``model.encode(tokens)``)."""
+    ``BertModel``, with a pooler when the model has one; its ``last_hidden_state`` is ``model.encode(tokens)``).
+
+    ``special_tokens``: ``bos_token_id`` / ``eos_token_id`` / ``pad_token_id`` written into the config (each
+    given key, None included: the model's own ids, not the family's defaults); ``generation``: fields of its
+    ``generation_config`` (a source's recorded ``GenerationConfig.to_diff_dict()``)."""
     import attnkit.integrations.hf  # noqa: F401  (the "attnkit" implementation, for the caller's convenience)
     from attnkit.integrations.hf._deps import transformers
 
     tf = transformers()
     family = family_of(model_type)
     hf_cfg = hf_config_for(model, model_type)
-    extra = {} if family.lm_head else {"add_pooling_layer": False}  # BertModel: attnkit has no pooler
-    hf_model = getattr(tf, family.causal_lm)(hf_cfg, **extra).to(next(model.parameters()).dtype)
+    for name, value in (special_tokens or {}).items():
+        setattr(hf_cfg, name, value)
+    hf_model = getattr(tf, family.causal_lm)(hf_cfg, **family.hf_kwargs(model.config))
+    hf_model = hf_model.to(next(model.parameters()).dtype)
     missing, unexpected = hf_model.load_state_dict(to_hf_state_dict(model, model_type), strict=False)
     missing = [m for m in missing if not (m == "lm_head.weight" and model.config.tie_embeddings)]
     if missing or unexpected:
         raise AttnkitValueError(f"{model_type}: converted weights do not fit {family.causal_lm}: missing "
                                 f"{missing[:5]}, unexpected {unexpected[:5]}.")
+    if getattr(hf_model, "generation_config", None) is not None:
+        fields = {k: v for k, v in {**(special_tokens or {}), **(generation or {})}.items()
+                  if k != "transformers_version"}
+        hf_model.generation_config.update(**fields)  # the model's own ids, not those of GenerationConfig()
     return hf_model.eval()
 
 

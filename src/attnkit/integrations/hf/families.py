@@ -9,7 +9,8 @@ family is one :func:`register_family` call here.
   RMSNorm, SwiGLU, RoPE in Hugging Face's half-split layout (attnkit's default, so no permutation), RoPE
   scaling (``linear``, ``yarn``, ``llama3``, static ``ntk``), q/k/v biases (Qwen2), sliding windows (Mistral: every layer;
   Qwen2: the layers ``layer_types`` marks).
-- BERT: post-norm blocks, token-type embeddings, an embedding LayerNorm, exact GELU; an encoder (``causal=False``).
+- BERT: post-norm blocks, token-type embeddings, an embedding LayerNorm, exact GELU, the pooler when the weights
+  have one (``LMConfig.pooler``); an encoder (``causal=False``).
 
 Shape legend: E hidden size, H heads, Hkv key/value heads, D head dim, F MLP hidden width.
 """
@@ -57,6 +58,13 @@ class Family:
     prefix: str = "model."  # the base model's name inside ``causal_lm`` ("" when causal_lm is the base model)
     lm_head: bool = True  # ``causal_lm`` has an ``lm_head.weight`` (BertModel has none)
     requires: tuple[tuple[str, tuple], ...] = ()  # (LMConfig field, the values the family can express), for to_hf
+    weights: Callable[[LMConfig, Tensors], dict] = lambda cfg, base: {}  # LMConfig fields the HF weights show
+    hf_kwargs: Callable[[LMConfig], dict] = lambda cfg: {}  # keyword arguments of ``causal_lm`` for to_hf
+
+    def from_weights(self, cfg: LMConfig, base: Tensors) -> LMConfig:
+        """``cfg`` with the parts that the base model's tensors ``base`` show (BERT: a pooler, when it has one)."""
+        changes = self.weights(cfg, base)
+        return cfg.replace(**changes) if changes else cfg
 
     def mismatches(self, cfg: LMConfig) -> list[str]:
         """``"field=value (needs ...)"`` for every LMConfig field of ``cfg`` this family can't express."""
@@ -274,6 +282,8 @@ def _bert_params(cfg: LMConfig) -> list[Param]:
                     Param(a + f"mlp.up.{kind}", (h + f"intermediate.dense.{kind}",)),
                     Param(a + f"mlp.down.{kind}", (h + f"output.dense.{kind}",)),
                     Param(a + f"norm2.{kind}", (h + f"output.LayerNorm.{kind}",))]
+    if cfg.pooler:  # dense + tanh over the first token: BertModel's pooler_output
+        out += [Param(f"pooler.dense.{kind}", (f"pooler.dense.{kind}",)) for kind in ("weight", "bias")]
     return out
 
 
@@ -286,8 +296,8 @@ def register_family(family: Family) -> None:
         FAMILIES[t] = family
 
 
-_PLAIN = (("attention", ("softmax",)), ("qk_norm", (False,)), ("type_vocab_size", (0,)), ("embed_norm", (False,)),
-          ("post_norm", (False,)), ("causal", (True,)))  # what every decoder family here needs
+_PLAIN = (("attention", ("softmax",)), ("qk_norm", (False,)), ("pooler", (False,)), ("type_vocab_size", (0,)),
+          ("embed_norm", (False,)), ("post_norm", (False,)), ("causal", (True,)))  # what every decoder family here needs
 _GPT2_NEEDS = (*_PLAIN, ("positions", ("learned",)), ("norm", ("layernorm",)), ("mlp", ("gelu", "gelu_exact", "relu")),
                ("bias", (True,)), ("num_kv_heads", (None,)), ("window", (None,)), ("head_dim", (None,)))
 _ROPE_NEEDS = (*_PLAIN, ("positions", ("rope",)), ("norm", ("rmsnorm",)), ("mlp", ("swiglu",)), ("bias", (False,)))
@@ -303,7 +313,8 @@ for _t_name, _cls, _needs in (("llama", "LlamaForCausalLM", ()), ("mistral", "Mi
     register_family(Family((_t_name,), lambda c, _n=_t_name: _rope_config(c, _n), _rope_params, _cls,
                            _rope_hf_config, requires=(*_ROPE_NEEDS, *_needs)))
 register_family(Family(("bert",), _bert_config, _bert_params, "BertModel", _bert_hf_config, "", lm_head=False,
-                       requires=_BERT_NEEDS))
+                       requires=_BERT_NEEDS, weights=lambda cfg, base: {"pooler": "pooler.dense.weight" in base},
+                       hf_kwargs=lambda cfg: {"add_pooling_layer": cfg.pooler}))
 
 
 def family_of(model_type: str) -> Family:

@@ -16,12 +16,43 @@ from attnkit.integrations.remote_code import check_tokenizer, read_config
 HF_ENCODER_TYPES = {"bert", "roberta", "distilbert", "albert", "electra", "xlm-roberta", "deberta", "deberta-v2",
                     "mpnet", "camembert", "modernbert"}
 
+#: what ``load_hf(path, head=...)`` builds: ``"auto"`` the class that holds the folder's weights (the first of
+#: ``config.architectures`` transformers has: all-MiniLM-L6-v2's ``BertModel``, never a head the folder lacks),
+#: ``"lm"`` the language-model head of the model type (masked-LM for an encoder, causal-LM for a decoder),
+#: ``"masked-lm"`` the masked-LM head, ``"base"`` the base model without a head
+HEADS = ("auto", "lm", "masked-lm", "base")
 
-def load_hf(path: str | Path, *, dtype: torch.dtype = torch.float32):
-    """The transformers model of the local folder ``path`` (``*ForCausalLM`` for decoders, ``AutoModel`` for
-    encoders), weights included; never runs code from the folder."""
+
+def is_encoder(config) -> bool:
+    """The one notion of encoder: a bidirectional model type (:data:`HF_ENCODER_TYPES`) not configured as a
+    decoder (``is_decoder``)."""
+    return config.model_type in HF_ENCODER_TYPES and not bool(getattr(config, "is_decoder", False))
+
+
+def model_class(tf, config, head: str = "auto"):
+    """The transformers class :func:`load_hf` builds for ``config`` and ``head`` (:data:`HEADS`)."""
+    if head not in HEADS:
+        raise AttnkitValueError(f"head must be one of {HEADS}, got {head!r}; 'auto' loads the class the folder's "
+                                "weights were saved from.")
+    if head == "base":
+        return tf.AutoModel
+    if head == "auto":
+        for name in getattr(config, "architectures", None) or ():
+            if isinstance(name, str) and isinstance(getattr(tf, name, None), type):
+                return getattr(tf, name)
+    if head == "masked-lm" or is_encoder(config):
+        return tf.AutoModelForMaskedLM
+    return tf.AutoModelForCausalLM
+
+
+def load_hf(path: str | Path, *, head: str = "auto", dtype: torch.dtype = torch.float32):
+    """The transformers model of the local folder ``path`` in eval mode, weights included, never running code
+    from the folder: ``trust_remote_code=False``, a config with ``auto_map`` refused
+    (:class:`~attnkit.integrations.remote_code.RemoteCodeRefused`), a malformed config.json, a folder without
+    weights and a model larger than the memory here typed errors before anything is built. ``head``
+    (:data:`HEADS`) picks the class (:func:`model_class`). A pooler the files lack is removed (never random
+    weights); with ``head="masked-lm"`` an absent masked-LM head is allowed (a sentence-embedding checkpoint)."""
     from attnkit.integrations.hf._deps import transformers
-    from attnkit.integrations.hf.convert import family_of
 
     tf = transformers()
     folder = Path(path)
@@ -29,10 +60,10 @@ def load_hf(path: str | Path, *, dtype: torch.dtype = torch.float32):
         raise AttnkitValueError(f"path={str(path)!r} is not a Hugging Face model folder (no config.json); pass the "
                                 "folder that holds config.json and the weights.")
     config = load_config(folder)  # refuses auto_map (custom code) and a malformed config.json first
-    family = family_of(config.model_type)
-    auto = tf.AutoModelForCausalLM if family.lm_head else tf.AutoModel  # BERT: the encoder (BertModel)
+    auto = model_class(tf, config, head)
     check_weights(auto, config, folder, dtype)
-    return load_pretrained(auto, folder, optional=("pooler.",), dtype=dtype)  # BERT's pooler is not converted
+    optional = ("pooler.", "cls.") if head == "masked-lm" else ("pooler.",)
+    return load_pretrained(auto, folder, optional=optional, dtype=dtype)
 
 
 #: config.json fields that are sizes when present: a positive int (a wrong type crashes deep in transformers)
@@ -65,12 +96,37 @@ def load_config(folder: Path):
         value = raw.get(name, 1.0)
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))):
             bad(name, "a number")
+    check_attn_implementation(raw.get("attn_implementation"), where)
     try:
         return transformers().AutoConfig.from_pretrained(folder, trust_remote_code=False, local_files_only=True)
     except Exception as exc:  # noqa: BLE001 - transformers' and huggingface_hub's own validation errors vary
         detail = " ".join(line.strip() for line in str(exc).splitlines()[:2])[:300]
         raise AttnkitValueError(f"{where!r} is not a config transformers accepts ({type(exc).__name__}: {detail}); "
                                 f"{restore}") from exc
+
+
+def check_attn_implementation(name, where: str) -> None:
+    """Refuse a config.json whose ``attn_implementation`` this machine can't run (a flash-attention kernel whose
+    package is absent, a kernel from the Hub: attnkit loads local files only) before any model is built:
+    transformers raised an ImportError from deep inside building the model."""
+    from attnkit.integrations.hf._deps import transformers
+
+    if name is None:
+        return
+    fix = "remove the field from config.json (the model then loads with transformers' default attention)"
+    if not isinstance(name, str):
+        raise AttnkitValueError(f"{where!r}: field 'attn_implementation' is {name!r}, expected a name such as 'sdpa' "
+                                f"or 'eager'; {fix}.")
+    if "/" in name:
+        raise EnvironmentUnsupportedError(f"{where!r}: field 'attn_implementation' is {name!r}, a kernel from the "
+                                          f"Hugging Face Hub; attnkit loads local files only: {fix}.")
+    if name.startswith("flash_attention_"):
+        version = name.removeprefix("flash_attention_")
+        available = getattr(transformers().utils, f"is_flash_attn_{version}_available", None)
+        if available is None or not available():
+            raise EnvironmentUnsupportedError(
+                f"{where!r}: field 'attn_implementation' is {name!r}, which needs the flash-attn package "
+                f"(version {version}) and a CUDA GPU, not available here; {fix}, or set it to 'sdpa'.")
 
 
 def has_weights(folder: Path) -> bool:
@@ -136,6 +192,9 @@ def load_pretrained(auto, folder: Path, *, optional: tuple[str, ...] = (), **kwa
     missing = sorted(k for k in (*info.get("missing_keys", ()), *(m[0] if isinstance(m, tuple) else m
                                                                   for m in info.get("mismatched_keys", ())))
                      if not k.startswith(optional))
+    base = getattr(model, "base_model", model)
+    if any("pooler" in k.split(".") for k in info.get("missing_keys", ())) and getattr(base, "pooler", None) is not None:
+        base.pooler = None  # the files have no pooler: none, rather than random weights (pooler_output None)
     if missing:
         raise AttnkitValueError(
             f"the weights in {str(folder)!r} lack {len(missing)} parameter(s) the model needs ({missing[:4]}"

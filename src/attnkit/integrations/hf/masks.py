@@ -91,7 +91,7 @@ class HFMask:
                 spec = None if seen else self.positional
                 real = None if self.key_is_real is None else self.key_is_real[:, :n]  # (B, n)
                 if real is not None and not bool(real.all()):
-                    spec = masks.padding(real) if spec is None else masks.And(spec, masks.padding(real))
+                    spec = masks.padding(real) if spec is None else spec & masks.padding(real)
                 narrow = HFMask(spec, None, None, self.q_len, n, self.dense_reason)
             self._narrowed.append(narrow)
         return self._narrowed[0]
@@ -135,7 +135,7 @@ def mask_interface(batch_size: int, q_length: int, kv_length: int, q_offset=0, k
     kv_offset = int(kv_offset)
     mask_function = causal_mask_function if mask_function is None else mask_function
     reader = _Reader(device)
-    spec = reader.read(mask_function)
+    spec = _alone(reader.read(mask_function))
     if reader.position_ids is not None:  # packed rows: HF remaps indices to position_ids (Lq == Lk, no cache)
         q_pos = kv_pos = reader.position_ids.to(device).long().expand(batch_size, -1)  # (B, L)
     elif _default_positions(q_offset, kv_offset, q_length, kv_length):
@@ -147,7 +147,7 @@ def mask_interface(batch_size: int, q_length: int, kv_length: int, q_offset=0, k
     if exact and _sees_every_key(spec, q_offset, kv_offset, q_length, kv_length):
         spec = q_pos = kv_pos = None  # (a decode step) no mask to build, bind or check per layer, no positions
     # causal or a causal window on cache indices from 0 (a static cache): attention_forward may narrow it
-    narrowable = exact and type(spec) in (masks.Causal, masks.SlidingWindow) and q_pos is not None and kv_offset == 0
+    narrowable = exact and _causal_band(spec) is not None and q_pos is not None and kv_offset == 0
     positional = spec if narrowable else None
     why = None
     if reader.unknown:
@@ -159,24 +159,32 @@ def mask_interface(batch_size: int, q_length: int, kv_length: int, q_offset=0, k
     key_is_real = _key_is_real(attention_mask, kv_length, kv_offset, prepare_padding_mask)  # (B, Lk) or None
     if key_is_real is not None:
         pad = masks.padding(key_is_real)
-        spec = pad if spec is None else masks.And(spec, pad)
+        spec = pad if spec is None else spec & pad
     return HFMask(spec, q_pos, kv_pos, q_length, kv_length, why, positional=positional,
                   key_is_real=key_is_real if narrowable else None)
 
 
+def _causal_band(spec) -> tuple[int | None, int] | None:
+    """``(lo, 0)`` when ``spec`` allows exactly the offsets ``lo <= kv_pos - q_pos <= 0`` (``causal()``: lo None; a
+    causal ``sliding_window(W)``: 1 - W), read from the mask's own offsets; None for anything else."""
+    band = None if spec is None else spec.offsets()
+    return band if band is not None and band[1] == 0 else None
+
+
 def _sees_every_key(spec, q_offset, kv_offset: int, q_length: int, kv_length: int) -> bool:
-    """Whether every query sees every key of the call under ``spec`` (``causal()`` or a causal
+    """Whether every query sees every key of the call under ``spec`` (a causal band: ``causal()`` or a causal
     ``sliding_window(W)``) on the cache indices ``q_offset + i``, ``kv_offset + j``: the first query sees the
     newest key, and (a window) the last query still sees the oldest. Then the call needs no positional mask: a
     decode step of a dynamic cache, full layers and sliding layers alike (a sliding cache keeps only the keys
     the window reaches). A static cache's tensor offset is not read here (no host sync; see HFMask.narrowed)."""
-    if isinstance(q_offset, torch.Tensor) or type(spec) not in (masks.Causal, masks.SlidingWindow):
+    band = _causal_band(spec)
+    if isinstance(q_offset, torch.Tensor) or band is None:
         return False
     first_query, last_query = q_offset, q_offset + q_length - 1
     oldest_key, newest_key = kv_offset, kv_offset + kv_length - 1
     if newest_key > first_query:
         return False
-    return type(spec) is masks.Causal or oldest_key > last_query - spec.window  # window: p - W < j
+    return band[0] is None or oldest_key - last_query >= band[0]  # window W: lo = 1 - W, p - W < j
 
 
 def _default_positions(q_offset, kv_offset: int, q_length: int, kv_length: int) -> bool:
@@ -208,7 +216,8 @@ class _Reader:
         self.position_ids: torch.Tensor | None = None
         self.unknown: str | None = None
 
-    def read(self, fn: Callable) -> masks.MaskSpec | None:
+    def read(self, fn: Callable) -> masks.MaskSpec | _Overlay | None:
+        """The expression of ``fn``; an overlay (not a mask by itself) stays an :class:`_Overlay` for ``_and``."""
         name = _name(fn)
         cells = _closure(fn)
         if name == "causal_mask_function":
@@ -217,9 +226,9 @@ class _Reader:
             return None
         if name in ("and_masks.<locals>.and_mask", "or_masks.<locals>.or_mask"):
             parts = [self.read(f) for f in cells["mask_functions"]]
-            return _and(parts) if name.startswith("and") else _or(parts)
+            return _and(parts) if name.startswith("and") else _or([_alone(p) for p in parts])
         if name == "sliding_window_overlay.<locals>.inner_mask":
-            return _WindowOverlay(int(cells["sliding_window"]))
+            return _window_overlay(int(cells["sliding_window"]))
         if name == "sliding_window_bidirectional_overlay.<locals>.inner_mask":
             w = int(cells["sliding_window"])  # |q - kv| <= w: q - w <= kv <= q + w
             return masks.sliding_window(w, w)
@@ -232,7 +241,7 @@ class _Reader:
             return masks.document(cells["packed_sequence_mask"])
         if name == "remap_positions_for_packed_sequence.<locals>.inner_mask":
             self.position_ids = cells["position_ids"]
-            return self.read(cells["mask_function"])
+            return _alone(self.read(cells["mask_function"]))
         self.unknown = self.unknown or name
         return None
 
@@ -250,22 +259,37 @@ def _closure(fn: Callable) -> dict:
     return {name: cell.cell_contents for name, cell in zip(code.co_freevars, fn.__closure__)}
 
 
-class _WindowOverlay(masks.Custom):
-    """HF's ``sliding_window_overlay(W)``: keys newer than ``q - W`` (not causal by itself). Inside an ``and``
-    with ``causal`` it becomes ``ak.masks.sliding_window(W)``."""
+@dataclass(frozen=True)
+class _Overlay:
+    """An HF overlay, not causal by itself: inside an ``and`` with ``causal()`` the two are ``with_causal`` (a mask
+    kind); anywhere else ``alone``, a custom mask of HF's own formula."""
 
-    def __init__(self, window: int):
-        self.window = window
-        super().__init__(lambda b, h, q, kv: kv > q - window, name=f"window_overlay({window})")
+    name: str
+    size: int
+    with_causal: masks.MaskSpec
+    alone: masks.MaskSpec
+
+
+def _window_overlay(window: int) -> _Overlay:
+    """HF's ``sliding_window_overlay(W)``: keys newer than ``q - W``; with causal, ``sliding_window(W)``."""
+    return _Overlay("window", window, masks.sliding_window(window),
+                    masks.custom(lambda b, h, q, kv: kv > q - window, name=f"window_overlay({window})"))
+
+
+def _alone(part):
+    return part.alone if isinstance(part, _Overlay) else part
 
 
 def _and(parts: list) -> masks.MaskSpec | None:
     parts = [p for p in parts if p is not None]
-    overlays = [p for p in parts if isinstance(p, _WindowOverlay)]
-    causal = [p for p in parts if isinstance(p, masks.Causal)]
-    if overlays and causal:  # sliding_window_causal_mask_function: overlay & causal == sliding_window(W)
-        window = min(o.window for o in overlays)
-        parts = [masks.sliding_window(window)] + [p for p in parts if not isinstance(p, (_WindowOverlay, masks.Causal))]
+    overlays = [p for p in parts if isinstance(p, _Overlay)]
+    causal = [p for p in parts if masks.is_plain_causal(p)]
+    if causal:  # sliding_window_causal_mask_function: overlay & causal == sliding_window(W) (the narrowest)
+        windows = sorted((o for o in overlays if o.name == "window"), key=lambda o: o.size)[:1]
+        merged = [o.with_causal for o in windows + [o for o in overlays if o.name != "window"]]
+        if merged:
+            parts = merged + [p for p in parts if not isinstance(p, _Overlay) and not masks.is_plain_causal(p)]
+    parts = [_alone(p) for p in parts]
     if not parts:
         return None
     return parts[0] if len(parts) == 1 else masks.And(*parts)

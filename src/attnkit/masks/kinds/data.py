@@ -10,12 +10,16 @@ from collections.abc import Sequence
 import torch
 
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
-from attnkit.masks.spec import BoundMask, MaskContext, MaskSpec, _check_batch
+from attnkit.masks.blocks import BlockCover, BlockGrid, cover, overlap, single_equal, tiles_of
+from attnkit.masks.dense import BoundMask, MaskContext
+from attnkit.masks.spec import MaskSpec, _check_batch
 
 
 class Padding(MaskSpec):
     """Keys that are padding are masked. ``key_is_real``: bool ``(B, Lk)`` (True = real) or lengths ``(B,)``
     (the first ``lengths[b]`` keys of row b are real, i.e. right padding)."""
+
+    kind = "padding"
 
     def __init__(self, key_is_real_or_lengths: torch.Tensor | Sequence[int]):
         data = torch.as_tensor(key_is_real_or_lengths)
@@ -37,6 +41,14 @@ class Padding(MaskSpec):
         if self.key_is_real is not None:
             return self.key_is_real.shape[1]
         return int(self.lengths.max()) if self.lengths.numel() else None
+
+    def key_mask(self, batch: int, length: int) -> torch.Tensor:
+        """The real keys as bool ``(batch, Lk)`` (True = real): ``key_is_real``, or the first ``lengths[b]`` of at
+        least ``length`` keys."""
+        if self.key_is_real is not None:
+            return self.key_is_real.expand(batch, -1)  # (B, Lk)
+        lk = max(length, int(self.lengths.max()) if self.lengths.numel() else 0)
+        return (torch.arange(lk, device=self.lengths.device)[None, :] < self.lengths[:, None]).expand(batch, -1)
 
     def bind(self, ctx: MaskContext) -> BoundMask:
         _check_batch(self, ctx)
@@ -63,10 +75,16 @@ class Document(MaskSpec):
     given. Combine with ``causal()`` for decoders; positions should restart at each document.
     """
 
+    kind = "document"
+
     def __init__(self, doc_ids: torch.Tensor, q_doc_ids: torch.Tensor | None = None):
         self.doc_ids = _doc_tensor(doc_ids, "doc_ids")
         self.q_doc_ids = None if q_doc_ids is None else _doc_tensor(q_doc_ids, "q_doc_ids")
         self.batch = self.doc_ids.shape[0]
+
+    @property
+    def queries_from_keys(self) -> bool:
+        return self.q_doc_ids is None
 
     def natural_length(self) -> int | None:
         return self.doc_ids.shape[1]
@@ -111,6 +129,8 @@ def _doc_tensor(ids: object, name: str) -> torch.Tensor:
 class Dense(MaskSpec):
     """A boolean tensor broadcastable to ``(B, H, Lq, Lk)`` wrapped as a mask (indices, not positions)."""
 
+    kind = "dense"
+
     def __init__(self, tensor: torch.Tensor):
         if not isinstance(tensor, torch.Tensor) or tensor.dtype != torch.bool or not 2 <= tensor.dim() <= 4:
             raise AttnkitTypeError(f"dense mask must be a bool tensor with 2 to 4 dims (True = may attend), got "
@@ -142,3 +162,35 @@ class Dense(MaskSpec):
 
     def __repr__(self):
         return f"dense{tuple(self.tensor.shape)}"
+
+
+# ---------------------------------------------------------------- block covers (masks.blocks)
+
+
+@cover.register
+def _(mask: Padding, grid: BlockGrid) -> BlockCover:
+    B, Lk = grid.ctx.batch, grid.ctx.kv_len
+    if mask.key_is_real is not None:
+        real = mask.key_is_real.to(grid.ctx.device).expand(B, -1)[grid.rows].to(torch.int8)  # (R, Lk)
+    else:
+        lengths = mask.lengths.to(grid.ctx.device).expand(B)[grid.rows]  # (R,)
+        real = (torch.arange(Lk, device=grid.ctx.device)[None, :] < lengths[:, None]).to(torch.int8)  # (R, Lk)
+    lo, hi = grid.kv_tiles(real)
+    n_q = grid.n_q
+    return BlockCover(hi.bool()[None, :].expand(n_q, -1), lo.bool()[None, :].expand(n_q, -1))
+
+
+@cover.register
+def _(mask: Document, grid: BlockGrid) -> BlockCover:
+    q_doc, kv_doc = mask.ids_for(grid.ctx)  # (B, Lq), (B, Lk)
+    q_r, kv_r = grid.q_tiles(q_doc[grid.rows]), grid.kv_tiles(kv_doc[grid.rows])
+    return BlockCover(overlap(*q_r, *kv_r), single_equal(*q_r, *kv_r))
+
+
+@cover.register
+def _(mask: Dense, grid: BlockGrid) -> BlockCover:
+    """A dense tensor is its own data: its tiles are reduced directly (no bound function per entry)."""
+    t = mask.tensor.to(grid.ctx.device)  # (B|1, H|1, Lq|1, Lk|1)
+    t = t[grid.rows] if t.shape[0] > 1 else t
+    t = t.expand(-1, -1, grid.ctx.q_len, grid.ctx.kv_len)[:, :, grid.q_index][:, :, :, grid.kv_index]  # tile order
+    return tiles_of(t, grid)

@@ -12,13 +12,15 @@ import torch
 
 from attnkit._checks import integer, positive_int
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
-from attnkit.masks.spec import BoundMask, MaskContext, MaskSpec, _lookup
+from attnkit.masks.blocks import BlockCover, BlockGrid, cover, outer, overlap, single_equal
+from attnkit.masks.dense import BoundMask, MaskContext
+from attnkit.masks.spec import MaskSpec, _lookup
 
 
 class Causal(MaskSpec):
     """Query at position p sees keys at positions <= p."""
 
-    positional = True
+    positional, kind = True, "causal"
 
     def bind(self, ctx: MaskContext) -> BoundMask:
         positions = _lookup(ctx)
@@ -39,7 +41,7 @@ class Causal(MaskSpec):
 class SlidingWindow(MaskSpec):
     """Causal window of W keys including the query itself: p - W < j <= p."""
 
-    positional = True
+    positional, kind = True, "sliding_window"
 
     def __init__(self, window: int):
         self.window = positive_int(window, "window", "use window >= 1 (window=1 lets a token see only itself).")
@@ -63,7 +65,7 @@ class SlidingWindow(MaskSpec):
 class TwoSidedWindow(MaskSpec):
     """flash-attn's ``window_size=(left, right)``: a query at p sees keys p - left <= j <= p + right (encoders)."""
 
-    positional = True
+    positional, kind = True, "two_sided_window"
 
     def __init__(self, left: int, right: int):
         fix = "use ints >= 0 (sliding_window(left, right) sees left keys back and right keys ahead)."
@@ -91,7 +93,7 @@ class Chunked(MaskSpec):
     """Chunked local attention (Llama 4's local layers): a query at p sees keys j of its own chunk of C
     positions, causally: ``j // C == p // C`` and ``j <= p``."""
 
-    positional = True
+    positional, kind = True, "chunked"
 
     def __init__(self, chunk: int):
         self.chunk = positive_int(chunk, "chunk", "use chunk >= 1 (the number of positions per chunk, e.g. 8192).")
@@ -117,7 +119,7 @@ class Strided(MaskSpec):
     """Sparse Transformer's strided pattern: keys whose distance is a multiple of ``stride`` (not causal by
     itself: combine with ``causal()``)."""
 
-    positional = True
+    positional, kind = True, "strided"
 
     def __init__(self, stride: int):
         self.stride = positive_int(stride, "stride", "use stride >= 1.")
@@ -142,7 +144,7 @@ class GlobalTokens(MaskSpec):
     for decoders.
     """
 
-    positional = True
+    positional, kind = True, "global_tokens"
 
     def __init__(self, positions: Sequence[int] | torch.Tensor):
         values = torch.as_tensor(positions).flatten()
@@ -175,7 +177,7 @@ class GlobalTokens(MaskSpec):
 class Custom(MaskSpec):
     """A user mask ``fn(b, h, q_pos, kv_pos) -> bool`` on absolute positions (elementwise, broadcasting)."""
 
-    positional = True
+    positional, kind = True, "custom"
 
     def __init__(self, fn: Callable[..., torch.Tensor], name: str | None = None):
         if not callable(fn):
@@ -194,3 +196,65 @@ class Custom(MaskSpec):
 
     def __repr__(self) -> str:
         return f"custom({self.name})"
+
+
+def is_plain_causal(mask: object) -> bool:
+    """Whether ``mask`` is exactly ``causal()``: the kind alone (no ``&``, no subclass), so it carries no data and
+    its kind is the whole mask (a table of forms keyed on shapes alone may serve it)."""
+    return type(mask) is Causal
+
+
+# ---------------------------------------------------------------- block covers (masks.blocks)
+
+
+@cover.register
+def _(mask: Causal, grid: BlockGrid) -> BlockCover:
+    (q_lo, q_hi), (kv_lo, kv_hi) = grid.q_pos, grid.kv_pos
+    return BlockCover(outer(q_hi, kv_lo, torch.ge), outer(q_lo, kv_hi, torch.ge))
+
+
+@cover.register
+def _(mask: SlidingWindow, grid: BlockGrid) -> BlockCover:
+    (q_lo, q_hi), (kv_lo, kv_hi) = grid.q_pos, grid.kv_pos
+    d_lo, d_hi = outer(q_lo, kv_hi, torch.sub), outer(q_hi, kv_lo, torch.sub)  # range of p - j per tile
+    w = mask.window
+    return BlockCover((d_hi >= 0) & (d_lo < w), (d_lo >= 0) & (d_hi < w))
+
+
+@cover.register
+def _(mask: TwoSidedWindow, grid: BlockGrid) -> BlockCover:
+    (q_lo, q_hi), (kv_lo, kv_hi) = grid.q_pos, grid.kv_pos
+    d_lo, d_hi = outer(kv_lo, q_hi, torch.sub).T, outer(kv_hi, q_lo, torch.sub).T  # range of j - p per tile
+    lo, hi = -mask.left, mask.right
+    return BlockCover((d_hi >= lo) & (d_lo <= hi), (d_lo >= lo) & (d_hi <= hi))
+
+
+@cover.register
+def _(mask: Chunked, grid: BlockGrid) -> BlockCover:
+    causal = cover(Causal(), grid)
+    q_chunk = grid.q_tiles(torch.div(grid.ctx.q_positions[grid.rows], mask.chunk, rounding_mode="floor"))
+    kv_chunk = grid.kv_tiles(torch.div(grid.ctx.kv_positions[grid.rows], mask.chunk, rounding_mode="floor"))
+    return BlockCover(causal.any & overlap(*q_chunk, *kv_chunk), causal.full & single_equal(*q_chunk, *kv_chunk))
+
+
+@cover.register
+def _(mask: Strided, grid: BlockGrid) -> BlockCover:
+    s = mask.stride
+    q_pos = torch.remainder(grid.ctx.q_positions[grid.rows], s)  # (R, Lq) residues
+    kv_pos = torch.remainder(grid.ctx.kv_positions[grid.rows], s)  # (R, Lk)
+    q_r, kv_r = grid.q_tiles(q_pos), grid.kv_tiles(kv_pos)
+    return BlockCover(overlap(*q_r, *kv_r), single_equal(*q_r, *kv_r))
+
+
+@cover.register
+def _(mask: GlobalTokens, grid: BlockGrid) -> BlockCover:
+    table = torch.tensor(mask.positions, device=grid.ctx.device)
+
+    def is_global(pos):  # (R, L) -> (R, L) int
+        return torch.isin(pos, table).to(torch.int8)
+
+    q_lo, q_hi = grid.q_tiles(is_global(grid.ctx.q_positions[grid.rows]))
+    kv_lo, kv_hi = grid.kv_tiles(is_global(grid.ctx.kv_positions[grid.rows]))
+    any_ = (q_hi.bool()[:, None]) | (kv_hi.bool()[None, :])
+    full = (q_lo.bool()[:, None]) | (kv_lo.bool()[None, :])
+    return BlockCover(any_, full)
