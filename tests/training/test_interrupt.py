@@ -80,3 +80,43 @@ def test_ctrl_c_on_the_command_line_saves_prints_the_resume_command_and_exits(tm
     assert f"resume with: attnkit train --resume {run}" in err
     assert f"stopped by {signal.Signals(sig).name} after step {steps[-1]}/100000" in err
     assert not RunFolder(run, log=_quiet).acquire().release()  # the lock was released
+
+
+def test_each_checkpoint_is_said_on_a_line_clear_of_the_progress_bar(tmp_path, monkeypatch):
+    """Issue 31.5: a checkpoint is said on a line of its own, printed with the progress bar cleared (tqdm's
+    external write mode), so the bar and the line never share a row."""
+    import contextlib
+
+    from attnkit.training import loop
+
+    events = []
+
+    class Bar:  # the calls the loop makes on a tqdm bar
+        total = 0
+
+        @classmethod
+        @contextlib.contextmanager
+        def external_write_mode(cls):
+            events.append("clear")
+            yield
+            events.append("draw")
+
+        def set_postfix(self, **kw):
+            pass
+
+        def update(self, n=1):
+            pass
+
+        def refresh(self):
+            pass
+
+        def close(self):
+            events.append("closed")
+
+    monkeypatch.setattr(loop, "progress_bar", lambda *a, **k: Bar())
+    train(small_config(tmp_path / "run", steps=8, ckpt_every=4, progress=True), log=events.append)
+    lines = [e for e in events if e.startswith("checkpoint ") and " written (step " in e]
+    assert [line.split(" written")[0].rsplit("/", 1)[-1] for line in lines] == ["step_00000004", "step_00000008"]
+    for line in lines:
+        i = events.index(line)
+        assert events[i - 1] == "clear" and events[i + 1] == "draw"

@@ -30,11 +30,13 @@ from pathlib import Path
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from attnkit import _progress
 from attnkit import distributed as cp
 from attnkit.errors import AttnkitValueError
 from attnkit.runs.folder import RunFolder
 from attnkit.runs.read import LOSS_PLOT, METRICS
 from attnkit.runs.tokens import ByteTokenizer
+from attnkit.runs.write import checkpoint_dir
 from attnkit.training import dist, record, start
 from attnkit.training.config import TrainConfig, setting
 from attnkit.training.data import unigram_loss
@@ -192,10 +194,14 @@ class Trainer:
 
     def _begin(self) -> Progress:
         """A new run: its identity, precision and length decided; only now is the run folder touched."""
-        precision, total_steps, evidence, evals_s = start.plan(self.setup, self.groups, self.ctx, self.deadline,
-                                                               self.log)
-        if evals_s is not None:
+        precision, total_steps, evidence, evals_s, step_s = start.plan(self.setup, self.groups, self.ctx,
+                                                                       self.deadline, self.log)
+        if self.deadline is not None:
             self.closing_s["eval"] = evals_s
+            self.deadline.planned(step_s)
+            note = self.deadline.busy_note(self.names("time_budget"))
+            if note:
+                self.log(note)
         progress = Progress(record.new_run_id(), 0, total_steps, total_steps, precision, evidence,
                             first_plan=total_steps, budgeted=self.deadline is not None)
         if self.ctx.is_main:
@@ -303,6 +309,9 @@ class Trainer:
             if saved:
                 with self._timed("save"):
                     self.save()
+                with _progress.clear_of(bar):  # a line of its own, never inside the progress bar
+                    self.log(f"checkpoint {checkpoint_dir(self.run_dir, self.step)} written (step "
+                             f"{self.step}/{self.total_steps}, loss {loss_value:.3f})")
             if dist.any_rank(self.stop_request.signum is not None, self.ctx):  # every rank stops after the same step
                 if bar is not None:
                     bar.close()
@@ -343,6 +352,9 @@ class Trainer:
         self.log(f"time budget {budget['seconds']:.0f} s: ran {self.step} steps, {budget['elapsed_s']:.0f} s so far "
                  f"(first plan {budget['first_plan']} steps from the probe, re-planned {budget['replans']} times "
                  "from the measured step times)")
+        note = self.deadline.short_note(self.step, self.first_plan)
+        if note:
+            self.log(note)
         if self.ctx.is_main:
             record.write_config(self.setup, self.progress, self.ctx.world, self.deadline)  # the plan as it ended
 

@@ -116,13 +116,15 @@ def tokens_per_step(setup: Setup) -> int:
 
 
 def interrupted(setup: Setup, progress: Progress, ctx, stop_request, names) -> TrainingInterrupted:
-    """The error that ends a run stopped on request (on some rank), once its step is checkpointed."""
-    newest = reader.list_checkpoints(setup.run_dir)[-1] if ctx.is_main else None
+    """The error that ends a run stopped on request (on some rank), once its step is checkpointed: the same on every
+    rank (each names the checkpoint rank 0 wrote for this step, and the resume of all ``world`` processes)."""
+    newest = ckpt.checkpoint_dir(setup.run_dir, progress.step)
+    every = f" (all {ctx.world} processes, as this run was started)" if ctx.world > 1 else ""
     return TrainingInterrupted(
         f"stopped by {stop_request.name if stop_request.signum is not None else 'another rank'} after step "
         f"{progress.step}/{progress.total_steps}: checkpoint {newest} written; continue the run with "
-        f"{names('resume')} {setup.run_dir}", run_dir=setup.run_dir, step=progress.step, checkpoint=newest,
-        signum=stop_request.signum or 15)
+        f"{names('resume')} {setup.run_dir}{every}", run_dir=setup.run_dir, step=progress.step, checkpoint=newest,
+        signum=stop_request.signum or 15, world=ctx.world)
 
 
 def _describe(config: LMConfig) -> str:

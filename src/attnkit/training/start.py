@@ -193,10 +193,11 @@ def load_data(config: TrainConfig, log) -> Data:
     return Data(seq_len, sha256, train, val)
 
 
-def plan(setup: Setup, groups, ctx, deadline, log) -> tuple[str, int, dict, float | None]:
-    """A new run's precision and length, decided on rank 0 for every rank: ``(precision, steps, evidence, eval_s)``;
-    ``precision="auto"`` measures fp32 against bf16 here, a time budget (``deadline``) plans its steps from a probe
-    (``eval_s``: the probe's estimate of one validation pass, else None). The RNG state is left as it was."""
+def plan(setup: Setup, groups, ctx, deadline, log) -> tuple[str, int, dict, float | None, float | None]:
+    """A new run's precision and length, decided on rank 0 for every rank: ``(precision, steps, evidence, eval_s,
+    step_s)``; ``precision="auto"`` measures fp32 against bf16 here, a time budget (``deadline``) plans its steps
+    from a probe (``eval_s``: its estimate of one validation pass, ``step_s``: of one step with its share of the
+    evaluations; else None). The RNG state is left as it was."""
     c, model, device = setup.config, setup.model, ctx.device
     batch = setup.data.train_data.batch(0, c.batch_size, seed=c.seed, rank=groups.dp_rank, world=groups.dp).to(device)
     rng = torch.get_rng_state()
@@ -206,7 +207,7 @@ def plan(setup: Setup, groups, ctx, deadline, log) -> tuple[str, int, dict, floa
         model.zero_grad(set_to_none=True)
 
     evidence: dict = {}
-    precision, steps, evals = c.precision, c.steps, None
+    precision, steps, evals, per_step = c.precision, c.steps, None, None
     if precision == "auto":
         precision, evidence = choose_precision(fwd_bwd, device)
         log(f"precision: {evidence['summary']} -> {precision}")
@@ -214,8 +215,9 @@ def plan(setup: Setup, groups, ctx, deadline, log) -> tuple[str, int, dict, floa
         step_time = evidence.get("median_s", {}).get(precision) or time_once(fwd_bwd, precision)
         step_time = step_time * c.accum * 1.15  # optimizer step and bookkeeping
         evals = step_time * c.eval_batches / 3  # forward only, every eval_every steps
-        steps = max(1, int(deadline.left() / (step_time + evals / c.eval_every)))
+        per_step = step_time + evals / c.eval_every
+        steps = max(1, int(deadline.left() / per_step))
         log(f"time budget {c.time_budget:.0f} s ({deadline.left():.0f} s left) at ~{step_time:.3f} s/step (probe) -> "
             f"{steps} steps planned; re-planned from the measured step times as it runs")
     torch.set_rng_state(rng)
-    return dist.from_rank0((precision, steps, evidence, evals), ctx)  # rank 0 decides for every rank
+    return dist.from_rank0((precision, steps, evidence, evals, per_step), ctx)  # rank 0 decides for every rank
