@@ -63,26 +63,28 @@ def test_folded_gqa_decode_equals_the_reference(folded_calls, dtype, heads, q_le
     q = torch.randn(B, H, q_len, D).to(dtype)
     k, v = (torch.randn(B, Hkv, Lk, D).to(dtype) for _ in range(2))
     _check(q, k, v, MASKS[mask_name](B, Lk))
-    # one bf16 query per head with G < 8 stays on SDPA's own single-query path (sdpa.FOLD_MIN_GROUP_HALF_SINGLE_QUERY)
-    unfolded = dtype == torch.bfloat16 and q_len == 1 and H // Hkv < 8
+    # float32 never folds (precision: issue 33 item 4); one bf16 query per head with G < 8 stays on SDPA's own
+    # single-query path (sdpa.FOLD_MIN_GROUP_HALF_SINGLE_QUERY)
+    unfolded = dtype == torch.float32 or (q_len == 1 and H // Hkv < 8)
     assert folded_calls == ([] if unfolded else [(q_len, H, Hkv)]), "the call's fold decision is not the rule's"
 
 
 def test_fold_is_skipped_where_rows_cannot_be_regrouped(folded_calls):
-    q, k, v = torch.randn(1, 4, 6, 8), torch.randn(1, 2, 6, 8), torch.randn(1, 2, 6, 8)
+    q, k, v = (torch.randn(1, h, 6, 8).bfloat16() for h in (4, 2, 2))  # half precision: the dtype that folds
     _check(q, k, v, M.causal())  # square causal: SDPA's is_causal flag, not folded
     _check(q, k, v, M.causal(), bias=ak.positions.ALiBi(4))  # a bias differs per head
     per_head = torch.rand(1, 4, 6, 6) > 0.3
     per_head[..., 0] = True
     _check(q, k, v, per_head)  # a mask that differs per head
-    long_q = torch.randn(1, 4, sdpa.FOLD_MAX_QUERIES + 1, 8)
-    kk = torch.randn(1, 2, sdpa.FOLD_MAX_QUERIES + 4, 8)
+    long_q = torch.randn(1, 4, sdpa.FOLD_MAX_QUERIES + 1, 8).bfloat16()
+    kk = torch.randn(1, 2, sdpa.FOLD_MAX_QUERIES + 4, 8).bfloat16()
     _check(long_q, kk, kk.clone(), M.causal())  # a prefill, not a decode step
+    _check(q.float(), k.float(), v.float(), M.causal() & M.padding(torch.tensor([5])))  # float32: never folds
     assert folded_calls == []
 
 
 def test_folded_decode_keeps_nan_rows_and_empty_rows(folded_calls):
-    q, k, v = torch.randn(2, 8, 3, 16), torch.randn(2, 2, 10, 16), torch.randn(2, 2, 10, 16)
+    q, k, v = (torch.randn(2, h, n, 16).bfloat16() for h, n in ((8, 3), (2, 10), (2, 10)))
     q[1, 5, 2, 0] = float("nan")
     lengths = torch.tensor([10, 0])  # row 1 sees no key at all
     out = ak.attention(q, k, v, M.padding(lengths))

@@ -65,12 +65,24 @@ MASKS = {
     "global_window": lambda B, Lq, Lk, g: (M.sliding_window(4) | M.global_tokens([0, 2])) & M.causal(),
     "empty_rows": lambda B, Lq, Lk, g: M.causal() & ~M.sliding_window(2),  # the first rows see nothing
     "bool_tensor": _random_bool,
+    "custom_band": lambda B, Lq, Lk, g: M.custom(lambda b, h, q, kv: (kv <= q) & (q - kv < 6), "band6"),
 }
+
+
+def _neginf_rows_bias(B, H, Lq, Lk, g):
+    """A float bias that is -inf on whole rows (every fourth) and, on the next rows, at every key a causal row
+    sees (an HF 4-D mask built with -inf): those rows see no key under causal masks; 0 rows, finite gradients."""
+    bias = torch.randn(1, H, Lq, Lk, generator=g)
+    bias[:, :, ::4] = float("-inf")
+    seen = torch.arange(Lk)[None, :] <= torch.arange(Lk - Lq, Lk)[:, None]  # (Lq, Lk): causal, bottom-right
+    bias[:, :, 1::4] = bias[:, :, 1::4].masked_fill(seen[1::4], float("-inf"))
+    return {"bias": bias}
 
 EXTRAS = {
     "plain": lambda B, H, Lq, Lk, g: {},
     "alibi": lambda B, H, Lq, Lk, g: {"bias": ak.positions.ALiBi(H)},
     "float_bias": lambda B, H, Lq, Lk, g: {"bias": torch.randn(1, H, Lq, Lk, generator=g)},
+    "bias_neginf_rows": _neginf_rows_bias,
     "softcap": lambda B, H, Lq, Lk, g: {"softcap": 2.0, "scale": 1.0},
     "positions": lambda B, H, Lq, Lk, g: {"kv_positions": torch.arange(Lk) + 100,
                                           "q_positions": torch.arange(Lk - Lq, Lk) + 100},
@@ -275,3 +287,46 @@ def test_each_backend_serves_its_share(device):
     for b, n in served.items():
         want = SERVED_SHARE[(device, b)]
         assert n >= want * total, f"{b} on {device} serves {n} of {total} grid cases ({n / total:.0%}), below {want:.0%}"
+
+
+# Decode-sized GQA in float32 with sharp softmaxes (issue 33 item 4): logits of standard deviation 4-8 (scale 0.5
+# and 1 at D = 64, as a trained model's), where how a kernel sums a decode step's few dot products shows; 8/2 heads
+DECODE_GQA = {f"gqa-decode-{lq}x300": (1, 8, 2, lq, 300, 64) for lq in (1, 2, 4, 16)}
+DECODE_MASKS = {"none": MASKS["none"], "causal": MASKS["causal"], "window32": lambda B, Lq, Lk, g: M.sliding_window(32)}
+SHARP = {"sharp4": {"scale": 0.5}, "sharp8": {"scale": 1.0}}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("shape_id", list(DECODE_GQA))
+@pytest.mark.parametrize("mask_name", list(DECODE_MASKS))
+@pytest.mark.parametrize("sharp", list(SHARP))
+@pytest.mark.parametrize("seed", range(3))
+def test_decode_gqa_float32_sharp_softmax(device, backend, shape_id, mask_name, sharp, seed, monkeypatch):
+    monkeypatch.setitem(EXTRAS, sharp, lambda B, H, Lq, Lk, g: dict(SHARP[sharp]))
+    check_backend(backend, torch.float32, DECODE_GQA[shape_id], mask_name, sharp, seed=seed, masks=DECODE_MASKS,
+                  device=device)
+
+
+def _float_band(b, h, q, kv):
+    return ((kv <= q) & (q - kv < 6)).float()  # 0/1 floats: the bool mask's values, in the wrong dtype
+
+
+def _int_band(b, h, q, kv):
+    return ((kv <= q) & (q - kv < 6)).long()
+
+
+@pytest.mark.parametrize("backend", ["reference"] + GRID_BACKENDS["cpu"])
+@pytest.mark.parametrize("fn", [_float_band, _int_band], ids=["float", "int"])
+def test_custom_masks_of_numbers_are_one_typed_refusal(backend, fn):
+    """A custom mask fn returning 0/1 numbers instead of bools (SDPA read them as a bias, the block cover as
+    truth values, math as a bitwise ~): the same TypeError, naming the fn and the fix, on every backend."""
+    q, k, v = (torch.randn(1, 4, 20, 16) for _ in range(3))
+    run = ak.reference_attention if backend == "reference" else \
+        lambda *a: ak.attention(*a, backend=backend)
+    with pytest.raises(ak.errors.AttnkitTypeError,
+                       match=rf"custom mask fn '{fn.__name__}' must return a bool tensor \(True = may attend\), got "
+                             r"tensor\(.*dtype=torch\.(float32|int64).*pass additive float scores as bias="):
+        run(q, k, v, M.custom(fn))
+    with pytest.raises(ak.errors.AttnkitTypeError, match=rf"custom mask fn '{fn.__name__}' must return a bool"):
+        run(q, k, v, M.prepare(M.custom(fn), 20))  # prepared once per forward, as a model does: the same refusal

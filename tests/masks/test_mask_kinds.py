@@ -24,7 +24,7 @@ M = ak.masks
 EXAMPLES = {
     M.Causal: M.causal(), M.SlidingWindow: M.sliding_window(5), M.TwoSidedWindow: M.sliding_window(3, 2),
     M.Chunked: M.chunked(6), M.Strided: M.strided(4), M.GlobalTokens: M.global_tokens([0, 9]),
-    M.Padding: M.padding(torch.tensor([13, 20])),
+    M.Padding: M.padding(torch.tensor([13, 20])), M.PositionPadding: M.padding(start=torch.tensor([4, 0])),
     M.Document: M.document(torch.tensor([[0] * 7 + [1] * 13, [0] * 20])),
     M.Dense: M.dense(torch.rand(2, 1, 1, 20) > 0.3), spec.And: M.causal() & M.chunked(8),
     spec.Or: M.sliding_window(4) | M.global_tokens([0]), spec.Not: ~M.strided(3),

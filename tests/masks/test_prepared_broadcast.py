@@ -52,3 +52,14 @@ def test_a_mask_alike_for_every_row_is_dense_once(name):
     assert per_row.dense().shape[0] == B and not torch.equal(per_row.dense()[0], per_row.dense()[1])
     shifted = M.prepare(M.causal(), torch.arange(L).expand(B, L) + torch.tensor([[0], [5]]), torch.arange(L + 5))
     assert shifted.dense().shape[0] == B
+
+
+@pytest.mark.parametrize("backend", ["math", "sdpa"])
+def test_a_custom_mask_reading_rows_through_b_is_not_broadcast_from_row_0(backend):
+    """A custom fn may close over per-row data (its batch says 1): on default positions its dense form is still
+    evaluated per row (it was built for row 0 and broadcast, so rows 1 and 2 got row 0's mask)."""
+    shift = torch.tensor([0, 3, 6])
+    mask = M.custom(lambda b, h, q, kv: (kv - shift[b]) // 4 == (q - shift[b]) // 4) & M.causal()
+    q = torch.randn(3, 2, 20, 8, dtype=torch.float64)
+    truth = ak.attention(q, q, q, mask.to_dense(20, batch=3), backend="math")
+    assert (ak.attention(q, q, q, mask, backend=backend) - truth).abs().max().item() < 1e-12

@@ -49,8 +49,10 @@ def _named_kinds(path: Path, kinds: set[str]) -> list[str]:
     """Where ``path`` names a kind class: imported from ``attnkit.masks...``, read as an attribute, or spelled as a
     string constant."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    found = []
+    found, hints = [], _annotation_nodes(tree)  # a type hint names a class without testing anything
     for node in ast.walk(tree):
+        if id(node) in hints:
+            continue
         if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("attnkit.masks"):
             found += [f"line {node.lineno}: imports {a.name}" for a in node.names if a.name in kinds]
         elif isinstance(node, ast.Attribute) and node.attr in kinds:
@@ -58,6 +60,20 @@ def _named_kinds(path: Path, kinds: set[str]) -> list[str]:
         elif isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in kinds:
             found.append(f"line {node.lineno}: spells {node.value!r}")
     return found
+
+
+def _annotation_nodes(tree: ast.AST) -> set[int]:
+    """ids of every node inside an annotation (arguments, returns, annotated assignments)."""
+    roots = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            roots.append(node.returns)
+            args = node.args
+            roots += [a.annotation for a in (*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg)
+                      if a is not None]
+        elif isinstance(node, ast.AnnAssign):
+            roots.append(node.annotation)
+    return {id(n) for root in roots if root is not None for n in ast.walk(root)}
 
 
 def test_the_kinds_are_found():
@@ -80,7 +96,7 @@ def test_no_module_outside_masks_names_a_mask_kind(path):
 def test_the_kind_scan_can_fail(tmp_path):
     fake = tmp_path / "fake.py"
     fake.write_text("from attnkit.masks import Causal, MaskSpec, And\nfrom attnkit import masks\n"
-                    "def f(m):\n    return isinstance(m, masks.Document) or type(m).__name__ == 'Padding'\n")
+                    "def f(m) -> masks.Causal:\n    return isinstance(m, masks.Document) or type(m).__name__ == 'Padding'\n")
     assert _named_kinds(fake, KINDS) == ["line 1: imports Causal", "line 4: reads .Document", "line 4: spells 'Padding'"]
 
 

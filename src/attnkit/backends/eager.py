@@ -5,7 +5,7 @@ calls: a decode step or a short prompt with a softcap pays its per-piece bookkee
 ``math`` reference path is written to be read, not to be fast. This backend is what transformers' eager
 attention does, with attnkit's conventions kept:
 
-    scores = q k^T * scale            GQA folded: the G query heads of one KV head are G x Lq rows of it
+    scores = q k^T * scale            GQA: keys repeated per query head (the reference's products)
     scores = softcap * tanh(scores / softcap); + bias; masked entries -inf   (float32 for half inputs)
     p      = dropout(softmax(scores)) rows with no visible key opened, their output set to 0 after
     out    = p @ v                    (float32 accumulation for half inputs), NaN queries propagated
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from attnkit._bias import StructuredBias
 from attnkit._validation import AttentionCall
 from attnkit.backends.base import Rank
-from attnkit.functional.reference import propagate_nan_queries
+from attnkit.functional.reference import expand_kv, propagate_nan_queries
 
 #: the most query x key entries per head for which ``auto`` picks this backend (a softcap call): measured on a
 #: 2-core Xeon, torch 2.13, fp32, H=8, Hkv=4, D=32, causal: 0.13-0.2x the time of ``blocksparse`` at Lq=1 (40-2048
@@ -58,18 +58,20 @@ class EagerBackend:
                        "as a few PyTorch ops")
 
     def plan(self, call: AttentionCall) -> str:
-        fold = "; GQA folded (no repeated keys)" if call.num_kv_heads != call.num_heads else ""
-        return f"materialises the (B, H, Lq, Lk) scores in float32{fold}"
+        return "materialises the (B, H, Lq, Lk) scores in float32"
 
     def __call__(self, call: AttentionCall) -> torch.Tensor:
         q, k, v = call.q, call.k, call.v
-        B, H, Lq, D = q.shape
-        Hkv, Lk = call.num_kv_heads, call.kv_len
+        H, Lq, Lk = call.num_heads, call.q_len, call.kv_len
         half = q.dtype in (torch.float16, torch.bfloat16)
         if half:  # scores and products accumulate in float32, as the reference and every fused kernel do
             q, k, v = q.float(), k.float(), v.float()
-        rows = q.reshape(B, Hkv, (H // Hkv) * Lq, D)  # (B, Hkv, G*Lq, D): query head j*G+g is rows g*Lq.. of j
-        scores = (rows @ k.transpose(-2, -1)).view(B, H, Lq, Lk)  # (B, H, Lq, Lk), before the scale
+        # keys repeated per query head, one (Lq, D) x (D, Lk) product each, as the reference computes it: folding
+        # the G heads into G*Lq rows of one product (or a broadcast matmul) changes how the BLAS sums a decode
+        # step's dot products (1-2 queries: up to 2.4x the reference's float32 error on a sharp softmax, issue 33
+        # item 4); the copy is small on the short calls this backend serves
+        k, v = expand_kv(k, H), expand_kv(v, H)  # (B, H, Lk, D|Dv)
+        scores = q @ k.transpose(-2, -1)  # (B, H, Lq, Lk), before the scale
         if call.softcap is not None:  # softcap * tanh(scores * scale / softcap), the scale folded in
             scores = call.softcap * torch.tanh(scores * (call.scale / call.softcap))
         else:
@@ -82,11 +84,12 @@ class EagerBackend:
         if call.prepared is not None and call.prepared.sdpa_flag(Lq, Lk) != "none":  # ("none": every key visible)
             blocked, empty = call.prepared.memo("eager blocked", lambda: _blocked(call.prepared), shared=True)
             scores = scores.masked_fill(blocked, float("-inf"))
+        if isinstance(call.bias, torch.Tensor):  # a float bias may be -inf at every key the mask leaves a row
+            scores, empty = _open_bias_empty_rows(scores, empty)
         probs = torch.softmax(scores, dim=-1)  # (B, H, Lq, Lk)
         if call.dropout_p > 0:  # attention dropout: after softmax, before V
             probs = F.dropout(probs, p=call.dropout_p)
-        out = probs.view(B, Hkv, -1, Lk) @ v  # (B, Hkv, G*Lq, Dv)
-        out = out.view(B, H, Lq, v.shape[-1])  # (B, H, Lq, Dv)
+        out = probs @ v  # (B, H, Lq, Dv)
         if empty is not None:  # rows that see no key are 0
             out = out.masked_fill(empty, 0.0)
         return propagate_nan_queries(out.to(call.q.dtype) if half else out, call.q)
@@ -96,3 +99,14 @@ def _blocked(prepared) -> tuple[torch.Tensor, torch.Tensor | None]:
     """``(~allowed, empty rows)`` of a prepared mask, rows with no visible key opened (see ``dense_opened``)."""
     allowed, empty = prepared.dense_opened()  # (B|1, H|1, Lq, Lk), (B|1, H|1, Lq, 1) or None
     return ~allowed, empty
+
+
+def _open_bias_empty_rows(scores: torch.Tensor, empty: torch.Tensor | None):
+    """``scores (B, H, Lq, Lk)`` with the rows that are ``-inf`` at every key (a float bias, e.g. an HF 4-D mask
+    built with -inf) set to 0, so that softmax gives no NaN there, and ``empty`` widened by those rows
+    ``(B, H, Lq, 1)``: their output is set to 0 and they pass no gradient (the safe softmax of the reference)."""
+    dead = torch.isneginf(scores.detach()).all(dim=-1, keepdim=True)  # (B, H, Lq, 1)
+    if not bool(dead.any()):
+        return scores, empty
+    scores = scores.masked_fill(dead, 0.0)
+    return scores, dead if empty is None else empty | dead

@@ -5,9 +5,12 @@ positions): SDPA's flag is top-left aligned and skips masked blocks. Otherwise t
 dense boolean (or, with a bias, float) tensor, which SDPA can't use to skip work: the call's prepared mask
 builds it once (a model that prepares its mask once per forward builds it once, not once per layer; there is
 no memo across calls, except a small pure causal one's: :meth:`PreparedMask.memo`). GQA uses ``enable_gqa``,
-except in decode-sized calls (at most ``FOLD_MAX_QUERIES`` queries, no bias or dropout, a mask that is the same
-for every head), which run *folded*: the G query heads that read one KV head become G x Lq rows of it, one
-MHA-shaped kernel over the Hkv heads; no key is repeated and every row sees exactly the keys it saw.
+except in half-precision decode-sized calls (at most ``FOLD_MAX_QUERIES`` queries, no bias or dropout, a mask
+that is the same for every head), which run *folded*: the G query heads that read one KV head become G x Lq rows
+of it, one MHA-shaped kernel over the Hkv heads; no key is repeated and every row sees exactly the keys it saw.
+float32 never folds: the folded kernel sums a decode step's dot products in another order, up to 2.5x the float32
+reference's error on a sharp softmax (the 2x rule broken, gradients 3x; issue 33 item 4), where ``enable_gqa``
+stays within it.
 
 Shape legend: B batch, H query heads, Hkv key/value heads, Lq/Lk lengths, D head dim.
 """
@@ -23,9 +26,10 @@ from attnkit.backends.base import Rank, skippable_structure
 from attnkit.functional.reference import propagate_nan_queries
 from attnkit.masks import is_plain_causal
 
-#: GQA calls with at most this many queries run folded (see the module docstring). Measured in isolation on a
-#: 2-core Xeon, torch 2.13, one query, 8/2 heads: fp32 1.1x (512 keys) to 1.5-2.2x (4096) the speed of
-#: ``enable_gqa``; bf16 1.0x at 512 and 0.9x once at 4096 (noisy); 1.3-1.8x with 4 queries (``bench dispatch``)
+#: half-precision GQA calls with at most this many queries run folded (see the module docstring). Measured in
+#: isolation on a 2-core Xeon, torch 2.13, one query, 8/2 heads: bf16 1.0x at 512 and 0.9x once at 4096 (noisy);
+#: 1.3-1.8x with 4 queries (``bench dispatch``). (fp32 was 1.1x (512 keys) to 1.5-2.2x (4096) the speed of
+#: ``enable_gqa``, but loses precision: it no longer folds)
 FOLD_MAX_QUERIES = 16
 
 #: ... except one query per head in half precision on CPU with fewer query heads per KV head than this: SDPA's CPU
@@ -128,13 +132,13 @@ def _mask_heads(call: AttentionCall) -> int:
 
 
 def _foldable(call: AttentionCall, is_causal: bool, mask_heads: int) -> bool:
-    """A decode-sized GQA call whose rows may be regrouped: no is_causal flag (top-left rows would move), no bias
+    """A half-precision decode-sized GQA call whose rows may be regrouped: no is_causal flag (top-left rows would move), no bias
     (per head), no dropout (its random stream would follow the new layout), a mask the same for every head; and
     where folding pays (not one half-precision query per head on CPU with G < 8: see the constants above)."""
-    if not (call.q_len <= FOLD_MAX_QUERIES and not is_causal and call.bias is None and call.dropout_p == 0
-            and mask_heads == 1):
-        return False
     q = call.q
+    if not (q.dtype in (torch.bfloat16, torch.float16) and call.q_len <= FOLD_MAX_QUERIES and not is_causal
+            and call.bias is None and call.dropout_p == 0 and mask_heads == 1):
+        return False  # (float32 and float64: precision, see the module docstring)
     return not (call.q_len == 1 and q.dtype in (torch.bfloat16, torch.float16) and q.device.type == "cpu"
                 and q.shape[1] // call.k.shape[1] < FOLD_MIN_GROUP_HALF_SINGLE_QUERY)  # its own fast path wins
 

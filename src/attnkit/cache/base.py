@@ -4,7 +4,7 @@ mask rules that make cached decoding equal to the full forward.
 A cache stores keys and values ``(B, Hkv, Lnew, D)`` of new tokens together with their absolute positions
 ``(B|1, Lnew)``, and returns every key the new queries may need with the absolute position of each. Masks are
 then evaluated on those positions (bottom-right causality, windows, padding by position with
-:func:`attnkit.models.generation.padding_by_position`), never on "the last n columns", so slot order, ring
+``ak.masks.padding(start=...)``), never on "the last n columns", so slot order, ring
 wrap-around and left padding cannot shift a mask.
 
 Rules enforced by every attnkit cache (typed errors, nothing silently dropped):

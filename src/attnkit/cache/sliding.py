@@ -53,8 +53,8 @@ class SlidingWindowCache(CacheBase):
             raise AttnkitValueError(
                 f"a sliding-window cache returns its keys in ring order, but mask={mask!r} has parts defined on key "
                 f"indices ({', '.join(p.kind for p in by_index)}), which would point at the wrong keys once "
-                "the ring wraps; express padding by position (attnkit.models.generation.padding_by_position), or use a "
-                "dynamic/static cache.")
+                "the ring wraps; express padding by position (ak.masks.padding(start=first_real_positions)), or use "
+                "a dynamic/static cache.")
 
     def _store(self, k, v, positions):
         W, n, start = self.window, k.shape[2], self.length

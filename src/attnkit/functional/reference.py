@@ -23,6 +23,7 @@ Shape legend: B batch, H query heads, Hkv key/value heads, G = H // Hkv, Lq/Lk l
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -53,7 +54,7 @@ def scores_of(call: AttentionCall) -> torch.Tensor:
     q, k = call.q, expand_kv(call.k, call.num_heads)  # (B, H, Lq, D), (B, H, Lk, D)
     if q.dtype in (torch.float16, torch.bfloat16):  # accumulate in float32: fp16 q k^T overflows before the scale
         q, k = q.float(), k.float()
-    scores = (q @ k.transpose(-2, -1)) * call.scale  # (B, H, Lq, Lk)
+    scores = ieee_matmul(q, k.transpose(-2, -1)) * call.scale  # (B, H, Lq, Lk)
     if call.softcap is not None:
         scores = call.softcap * torch.tanh(scores / call.softcap)
     q_pos, kv_pos = call.positions()
@@ -61,7 +62,8 @@ def scores_of(call: AttentionCall) -> torch.Tensor:
         scores = scores + call.bias.materialize(q_pos, kv_pos).to(scores.dtype)
     elif call.bias is not None:
         scores = scores + call.bias.to(scores.dtype)
-    allowed = materialize(call.mask, q_pos, kv_pos)  # bool, broadcastable to (B, H, Lq, Lk)
+    # the prepared mask knows the call's batch (a custom fn may read per-row data its own batch of 1 hides)
+    allowed = materialize(call.mask if call.prepared is None else call.prepared, q_pos, kv_pos)  # (B|1, H|1, Lq, Lk)
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))
     return scores
@@ -92,8 +94,8 @@ def probs_times_values(p: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     products accumulate in float32 so that each output row depends on its own row of ``p`` only."""
     p = p.to(v.dtype)
     if v.dtype not in (torch.float16, torch.bfloat16):
-        return p @ v  # (B, H, Lq, Dv)
-    return (p.float() @ v.float()).to(v.dtype)  # (B, H, Lq, Dv)
+        return ieee_matmul(p, v)  # (B, H, Lq, Dv)
+    return ieee_matmul(p.float(), v.float()).to(v.dtype)  # (B, H, Lq, Dv)
 
 
 def propagate_nan_queries(out: torch.Tensor, q: torch.Tensor, eager_cpu: bool | None = None) -> torch.Tensor:
@@ -113,6 +115,60 @@ def propagate_nan_queries(out: torch.Tensor, q: torch.Tensor, eager_cpu: bool | 
         return out
     bad = ~torch.isfinite(q).all(dim=-1, keepdim=True)  # (B, H, Lq, 1)
     return out.masked_fill(bad, float("nan"))
+
+
+def ieee_matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a (..., n, m) @ b (..., m, p)`` (same batch dims), in IEEE float32 for float32 inputs forward and backward,
+    whatever the process's float32 matmul precision.
+
+    The reference is the yardstick of the 2x rule, so its float32 result must be one function of its inputs. A
+    process whose float32 matmul precision was lowered (``torch.set_float32_matmul_precision("medium")``/``"high"``,
+    as training scripts and libraries do, or the per-backend ``fp32_precision``) sends float32 products to oneDNN's
+    reduced-precision kernels on CPU (bf16 where the CPU has it; other bytes where it has not) or to TF32 on CUDA
+    (issue 33 item 1). When the setting is IEEE already this is ``a @ b`` (one attribute read)."""
+    if a.dtype != torch.float32 or _matmul_setting(a.device) is None:
+        return a @ b
+    return _IEEEMatmul.apply(a, b)
+
+
+def _matmul_setting(device: torch.device):
+    """The per-backend matmul settings of ``device`` when its float32 precision is not IEEE, else None."""
+    settings = {"cpu": getattr(torch.backends.mkldnn, "matmul", None),
+                "cuda": getattr(torch.backends.cuda, "matmul", None)}.get(device.type)
+    precision = getattr(settings, "fp32_precision", "ieee")
+    if precision == "none":  # inherit the global setting
+        precision = getattr(torch.backends, "fp32_precision", "ieee")
+    return None if precision in ("ieee", "none") else settings
+
+
+@contextlib.contextmanager
+def _ieee(device: torch.device):
+    settings = _matmul_setting(device)
+    if settings is None:
+        yield
+        return
+    previous, settings.fp32_precision = settings.fp32_precision, "ieee"
+    try:
+        yield
+    finally:
+        settings.fp32_precision = previous
+
+
+class _IEEEMatmul(torch.autograd.Function):
+    """``a @ b`` with the device's float32 matmul precision set to IEEE around the product and its gradients'."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        with _ieee(a.device):
+            return a @ b
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        grad_a = ieee_matmul(grad, b.transpose(-2, -1)) if ctx.needs_input_grad[0] else None  # (..., n, m)
+        grad_b = ieee_matmul(a.transpose(-2, -1), grad) if ctx.needs_input_grad[1] else None  # (..., m, p)
+        return grad_a, grad_b
 
 
 def empty_result(call: AttentionCall):

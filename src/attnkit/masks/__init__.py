@@ -23,20 +23,22 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from attnkit.masks.dense import default_positions, materialize
+from attnkit.errors import AttnkitValueError
+from attnkit.masks.dense import BoundMask, MaskContext, default_positions, materialize
 from attnkit.masks.kinds.data import Dense, Document, Padding
 from attnkit.masks.kinds.positional import (
     Causal,
     Chunked,
     Custom,
     GlobalTokens,
+    PositionPadding,
     SlidingWindow,
     Strided,
     TwoSidedWindow,
     is_plain_causal,
 )
 from attnkit.masks.prepared import MaskStructure, PreparedMask, prepare
-from attnkit.masks.spec import And, BoundMask, Combination, MaskContext, MaskSpec, Not, Or
+from attnkit.masks.spec import And, Combination, MaskSpec, Not, Or
 
 
 def causal() -> Causal:
@@ -53,14 +55,34 @@ def sliding_window(window: int, right: int | None = None) -> SlidingWindow | Two
     return SlidingWindow(window) if right is None else TwoSidedWindow(window, right)
 
 
-def chunked(chunk: int) -> Chunked:
+def chunked(chunk: int, start: torch.Tensor | Sequence[int] | None = None) -> Chunked:
     """Chunked local attention (Llama 4 local layers): keys of the query's own chunk of ``chunk`` positions,
-    causal inside: ``j // C == p // C and j <= p``."""
-    return Chunked(chunk)
+    causal inside: ``j // C == p // C and j <= p``. ``start`` int ``(B,)``: row b's chunks begin at position
+    ``start[b]`` (``(j - s) // C == (p - s) // C``; transformers counts them from the first real token)."""
+    return Chunked(chunk, start)
 
 
-def padding(key_is_real_or_lengths: torch.Tensor | Sequence[int]) -> Padding:
-    """Mask padded keys: bool ``(B, Lk)`` with True = real token, or int lengths ``(B,)`` (right padding)."""
+def padding(key_is_real_or_lengths: torch.Tensor | Sequence[int] | None = None, *,
+            start: torch.Tensor | Sequence[int] | None = None, by: str = "index") -> Padding | PositionPadding:
+    """Mask padded keys.
+
+    - ``padding(key_is_real)``: bool ``(B, Lk)``, True = real token, read by key index; ``padding(lengths)``: int
+      ``(B,)``, the first ``lengths[b]`` keys of row b are real (right padding);
+    - ``padding(start=s)``: int ``(B,)``, the keys at positions ``>= s[b]`` are real (left padding by position:
+      right for every cache kind, whatever order it keeps its slots in);
+    - ``padding(key_is_real, by="position")``: bool ``(B, N)`` indexed by key position (every position in
+      ``[0, N)``), as transformers' ``padding_mask_function`` reads its 2-D mask.
+    """
+    if by not in ("index", "position"):
+        raise AttnkitValueError(f"padding(by=...) must be 'index' or 'position', got {by!r}.")
+    if start is not None and (key_is_real_or_lengths is not None or by != "index"):
+        raise AttnkitValueError("padding(start=...) takes no key_is_real and no by=: the start positions say "
+                                "everything (keys at positions >= start[b] are real).")
+    if start is not None or by == "position":
+        return PositionPadding(start=start, key_is_real=key_is_real_or_lengths)
+    if key_is_real_or_lengths is None:
+        raise AttnkitValueError("padding() needs key_is_real (B, Lk) bool, lengths (B,) or start=(B,); e.g. "
+                                "ak.masks.padding(attention_mask.bool()).")
     return Padding(key_is_real_or_lengths)
 
 
@@ -91,7 +113,7 @@ def dense(tensor: torch.Tensor) -> Dense:
 
 __all__ = [
     "MaskSpec", "MaskContext", "BoundMask", "PreparedMask", "MaskStructure", "prepare", "Causal", "SlidingWindow",
-    "TwoSidedWindow", "Chunked", "chunked", "Padding", "Document", "Strided", "GlobalTokens",
+    "TwoSidedWindow", "Chunked", "chunked", "Padding", "PositionPadding", "Document", "Strided", "GlobalTokens",
     "Custom", "Dense", "Combination", "And", "Or", "Not", "causal", "sliding_window", "padding", "document", "strided",
     "global_tokens", "custom", "dense", "materialize", "default_positions", "is_plain_causal",
 ]

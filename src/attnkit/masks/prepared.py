@@ -146,7 +146,9 @@ class PreparedMask:
         if self.is_tensor:
             self.fn  # noqa: B018 -- binding checks the tensor against the call's shape
             return self.spec.tensor.to(self.device)  # (B|1, H|1, Lq|1, Lk|1)
-        if self.batch > 1 and self.default_positions and self.spec.batch == 1:  # every row alike: one, broadcast
+        if self.batch > 1 and self.default_positions and self.spec.batch == 1 and \
+                all(leaf.kind != "custom" for leaf in self.spec.leaves()):  # every row alike: one, broadcast
+            # (a custom fn may read per-row data through b that its batch of 1 does not declare)
             return PreparedMask.for_call(self.source, None, None, 1, self.q_len, self.kv_len, self.device).dense()
         return evaluate(self.fn, self.ctx, heads=self.heads)  # (B, H|1, Lq, Lk)
 

@@ -242,4 +242,4 @@ class Not(MaskSpec):
         return f"~{self.inner!r}"
 
 
-__all__ = ["BoundMask", "MaskContext", "MaskSpec", "Combination", "And", "Or", "Not"]
+__all__ = ["MaskSpec", "Combination", "And", "Or", "Not"]

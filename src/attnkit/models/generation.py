@@ -41,7 +41,7 @@ import torch
 
 from attnkit._checks import integer, number
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, BackendUnsupportedError, describe
-from attnkit.masks import MaskSpec, custom
+from attnkit.masks import MaskSpec, padding
 
 
 @runtime_checkable
@@ -60,7 +60,8 @@ def padding_by_position(key_is_real: torch.Tensor, positions: torch.Tensor) -> M
     ``key_is_real`` ``(B, Lk_total)`` is True for real tokens (left padding: False* True*), covering every
     token so far; ``positions`` ``(B|1, L)`` are the consecutive positions of this call's tokens, the newest
     last. The first real token of row b sits at ``start[b] = positions[b, -1] - (Lk_total - 1) + n_pads[b]``
-    and the mask keeps keys at positions ``>= start[b]``; it does not depend on how a cache orders its slots.
+    and the mask, ``ak.masks.padding(start=start)``, keeps keys at positions ``>= start[b]``; it does not depend on
+    how a cache orders its slots.
     """
     if not isinstance(key_is_real, torch.Tensor) or key_is_real.dtype != torch.bool or key_is_real.dim() != 2:
         raise AttnkitTypeError(f"key_is_real must be a bool tensor (B, Lk_total), got {describe(key_is_real)}.")
@@ -69,11 +70,7 @@ def padding_by_position(key_is_real: torch.Tensor, positions: torch.Tensor) -> M
                                 "False* True*); use ak.masks.padding(key_is_real) with a dynamic cache for other layouts.")
     n_pads = (~key_is_real).sum(dim=1)  # (B,)
     start = positions[:, -1] - (key_is_real.shape[1] - 1) + n_pads  # (B,)
-
-    def real_key(b, h, q_pos, kv_pos):
-        return kv_pos >= start[b]
-
-    return custom(real_key, "left_padding")
+    return padding(start=start)
 
 
 def left_pad(prompts: Sequence[Sequence[int]], device: torch.device | str | None = None, pad_id: int = 0):

@@ -233,10 +233,9 @@ class _Reader:
             w = int(cells["sliding_window"])  # |q - kv| <= w: q - w <= kv <= q + w
             return masks.sliding_window(w, w)
         if name == "chunked_overlay.<locals>.inner_mask":
-            return _chunked(int(cells["chunk_size"]), cells["left_padding"])
-        if name == "padding_mask_function.<locals>.inner_mask":
-            real = cells["padding_mask"]
-            return masks.custom(lambda b, h, q, kv: real.to(kv.device)[b, kv], name="padding_by_index")
+            return _chunk_overlay(int(cells["chunk_size"]), cells["left_padding"])
+        if name == "padding_mask_function.<locals>.inner_mask":  # padding_mask[b, kv]: a table read by position
+            return masks.padding(cells["padding_mask"].bool(), by="position")
         if name == "packed_sequence_mask_function.<locals>.inner_mask":
             return masks.document(cells["packed_sequence_mask"])
         if name == "remap_positions_for_packed_sequence.<locals>.inner_mask":
@@ -301,12 +300,13 @@ def _or(parts: list) -> masks.MaskSpec | None:
     return parts[0] if len(parts) == 1 else masks.Or(*parts)
 
 
-def _chunked(chunk: int, left_padding: torch.Tensor) -> masks.MaskSpec:
-    """HF's ``chunked_overlay``: keys of the query's chunk, chunks counted from each row's first real token."""
+def _chunk_overlay(chunk: int, left_padding: torch.Tensor) -> _Overlay:
+    """HF's ``chunked_overlay``: keys of the query's chunk, chunks counted from each row's first real token; with
+    causal, ``chunked(C, start=left_padding)``."""
     lp = torch.as_tensor(left_padding).long().reshape(-1)  # (B,)
 
     def same_chunk(b, h, q, kv):
         shift = lp.to(q.device)[b]
         return torch.div(kv - shift, chunk, rounding_mode="floor") == torch.div(q - shift, chunk, rounding_mode="floor")
 
-    return masks.custom(same_chunk, name=f"chunked({chunk})")
+    return _Overlay("chunk", chunk, masks.chunked(chunk, start=lp), masks.custom(same_chunk, name=f"chunk_overlay({chunk})"))

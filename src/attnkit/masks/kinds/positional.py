@@ -14,7 +14,7 @@ from attnkit._checks import integer, positive_int
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
 from attnkit.masks.blocks import BlockCover, BlockGrid, cover, outer, overlap, single_equal
 from attnkit.masks.dense import BoundMask, MaskContext
-from attnkit.masks.spec import MaskSpec, _lookup
+from attnkit.masks.spec import MaskSpec, _check_batch, _lookup
 
 
 class Causal(MaskSpec):
@@ -91,20 +91,27 @@ class TwoSidedWindow(MaskSpec):
 
 class Chunked(MaskSpec):
     """Chunked local attention (Llama 4's local layers): a query at p sees keys j of its own chunk of C
-    positions, causally: ``j // C == p // C`` and ``j <= p``."""
+    positions, causally: ``j // C == p // C`` and ``j <= p``. With ``start`` int ``(B,)`` row b's chunks are
+    counted from position ``start[b]``: ``(j - s) // C == (p - s) // C`` (transformers' chunked attention counts
+    them from each row's first real token under left padding)."""
 
     positional, kind = True, "chunked"
 
-    def __init__(self, chunk: int):
+    def __init__(self, chunk: int, start: torch.Tensor | Sequence[int] | None = None):
         self.chunk = positive_int(chunk, "chunk", "use chunk >= 1 (the number of positions per chunk, e.g. 8192).")
+        self.start = None if start is None else _row_ints(start, "start", "the position each row's chunks start at")
+        self.batch = 1 if self.start is None else self.start.shape[0]
 
     def bind(self, ctx: MaskContext) -> BoundMask:
+        _check_batch(self, ctx)
         positions, chunk = _lookup(ctx), self.chunk
+        start = None if self.start is None else self.start.to(ctx.device).expand(ctx.batch)  # (B,)
 
         def fn(b, h, q_idx, kv_idx):
             q_pos, kv_pos = positions(b, q_idx, kv_idx)
-            return (kv_pos <= q_pos) & (torch.div(kv_pos, chunk, rounding_mode="floor")
-                                        == torch.div(q_pos, chunk, rounding_mode="floor"))
+            q_rel, kv_rel = (q_pos, kv_pos) if start is None else (q_pos - start[b], kv_pos - start[b])
+            return (kv_pos <= q_pos) & (torch.div(kv_rel, chunk, rounding_mode="floor")
+                                        == torch.div(q_rel, chunk, rounding_mode="floor"))
 
         return fn
 
@@ -112,7 +119,7 @@ class Chunked(MaskSpec):
         return 1 - self.chunk, 0  # the chunk's first key is at most C - 1 positions back
 
     def __repr__(self) -> str:
-        return f"chunked({self.chunk})"
+        return f"chunked({self.chunk})" if self.start is None else f"chunked({self.chunk}, start={_short(self.start)})"
 
 
 class Strided(MaskSpec):
@@ -188,14 +195,81 @@ class Custom(MaskSpec):
     def bind(self, ctx: MaskContext) -> BoundMask:
         positions, user = _lookup(ctx), self.fn
 
+        name = self.name
+
         def fn(b, h, q_idx, kv_idx):
             q_pos, kv_pos = positions(b, q_idx, kv_idx)
-            return user(b, h, q_pos, kv_pos)
+            allowed = user(b, h, q_pos, kv_pos)
+            if not (isinstance(allowed, torch.Tensor) and allowed.dtype == torch.bool):
+                # one meaning on every backend: a 0/1 float (or int) would be a bias to SDPA, a truth value to
+                # the block cover and a bitwise ~ elsewhere
+                raise AttnkitTypeError(f"custom mask fn {name!r} must return a bool tensor (True = may attend), got "
+                                       f"{describe(allowed)}; return a comparison such as (kv_pos <= q_pos), "
+                                       "or x.bool() / x > 0, and pass additive float scores as bias=.")
+            return allowed
 
         return fn
 
     def __repr__(self) -> str:
         return f"custom({self.name})"
+
+
+class PositionPadding(MaskSpec):
+    """Padding read by key *position*: the key at position j of row b is real when ``j >= start[b]`` (``start``
+    int ``(B,)``: left padding, real from position p on), or when ``key_is_real[b, j]`` (bool ``(B, N)`` indexed
+    by position, every key's position in ``[0, N)``: transformers' ``padding_mask_function``). Unlike
+    ``padding(key_is_real)`` (by key index) it does not depend on the order a cache keeps its slots in."""
+
+    positional, kind = True, "padding_by_position"
+
+    def __init__(self, start: torch.Tensor | Sequence[int] | None = None, key_is_real: torch.Tensor | None = None):
+        if (start is None) == (key_is_real is None):
+            raise AttnkitValueError("padding by position takes start=... (B,) or a key_is_real table (B, N), exactly "
+                                    "one; e.g. ak.masks.padding(start=first_real_positions).")
+        self.start = None if start is None else _row_ints(start, "start", "the position of each row's first real key")
+        if key_is_real is not None and (not isinstance(key_is_real, torch.Tensor) or key_is_real.dtype != torch.bool
+                                        or key_is_real.dim() != 2):
+            raise AttnkitValueError(f"padding(key_is_real, by='position') expects a bool tensor (B, N) indexed by key "
+                                    f"position, True = real, got {describe(key_is_real)}; pass attention_mask.bool().")
+        self.key_is_real = key_is_real
+        self.batch = (self.start if start is not None else key_is_real).shape[0]
+
+    def real_keys(self, ctx: MaskContext) -> torch.Tensor:
+        """Which keys of the call are real: bool ``(B, Lk)``."""
+        kv = ctx.kv_positions  # (B, Lk)
+        if self.start is not None:
+            return kv >= self.start.to(ctx.device).expand(ctx.batch)[:, None]  # (B, Lk)
+        table = self.key_is_real.to(ctx.device).expand(ctx.batch, -1)  # (B, N)
+        if kv.numel() and not torch.compiler.is_compiling() and (int(kv.min()) < 0 or int(kv.max()) >= table.shape[1]):
+            raise AttnkitValueError(
+                f"padding(key_is_real, by='position') covers positions 0..{table.shape[1] - 1} but the call's keys sit "
+                f"at positions {int(kv.min())}..{int(kv.max())}; pass a table with one entry per position.")
+        return table.gather(1, kv)  # (B, Lk)
+
+    def bind(self, ctx: MaskContext) -> BoundMask:
+        _check_batch(self, ctx)
+        real = self.real_keys(ctx)  # (B, Lk)
+        return lambda b, h, q_idx, kv_idx: real[b, kv_idx]
+
+    def __repr__(self) -> str:
+        return f"padding(start={_short(self.start)})" if self.start is not None else "padding(key_is_real, by='position')"
+
+
+def _row_ints(values: object, name: str, what: str) -> torch.Tensor:
+    data = torch.as_tensor(values)
+    if data.dtype.is_floating_point or data.dtype.is_complex or data.dtype == torch.bool or data.dim() != 1:
+        raise AttnkitValueError(f"{name} must be ints (B,), {what}, got {describe(values)}.")
+    return data.long()  # (B,)
+
+
+def _short(values: torch.Tensor) -> str:
+    text = str(values.tolist())
+    return text if len(text) < 40 else "..."
+
+
+def _rows_of(values: torch.Tensor, grid: BlockGrid) -> torch.Tensor:
+    """Per-row ``values (B|1,)`` for the grid's rows ``(R,)``."""
+    return values.to(grid.ctx.device).expand(grid.ctx.batch)[grid.rows]
 
 
 def is_plain_causal(mask: object) -> bool:
@@ -232,8 +306,9 @@ def _(mask: TwoSidedWindow, grid: BlockGrid) -> BlockCover:
 @cover.register
 def _(mask: Chunked, grid: BlockGrid) -> BlockCover:
     causal = cover(Causal(), grid)
-    q_chunk = grid.q_tiles(torch.div(grid.ctx.q_positions[grid.rows], mask.chunk, rounding_mode="floor"))
-    kv_chunk = grid.kv_tiles(torch.div(grid.ctx.kv_positions[grid.rows], mask.chunk, rounding_mode="floor"))
+    shift = 0 if mask.start is None else _rows_of(mask.start, grid)[:, None]  # (R, 1)
+    q_chunk = grid.q_tiles(torch.div(grid.ctx.q_positions[grid.rows] - shift, mask.chunk, rounding_mode="floor"))
+    kv_chunk = grid.kv_tiles(torch.div(grid.ctx.kv_positions[grid.rows] - shift, mask.chunk, rounding_mode="floor"))
     return BlockCover(causal.any & overlap(*q_chunk, *kv_chunk), causal.full & single_equal(*q_chunk, *kv_chunk))
 
 
@@ -258,3 +333,10 @@ def _(mask: GlobalTokens, grid: BlockGrid) -> BlockCover:
     any_ = (q_hi.bool()[:, None]) | (kv_hi.bool()[None, :])
     full = (q_lo.bool()[:, None]) | (kv_lo.bool()[None, :])
     return BlockCover(any_, full)
+
+
+@cover.register
+def _(mask: PositionPadding, grid: BlockGrid) -> BlockCover:
+    real = mask.real_keys(grid.ctx)[grid.rows].to(torch.int8)  # (R, Lk)
+    lo, hi = grid.kv_tiles(real)
+    return BlockCover(hi.bool()[None, :].expand(grid.n_q, -1), lo.bool()[None, :].expand(grid.n_q, -1))
