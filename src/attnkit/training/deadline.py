@@ -116,9 +116,12 @@ class Deadline:
 
     def summary(self, first_plan: int, ran: int) -> dict:
         """What config.json records about the budget: the first plan, every change, the steps run and the time."""
-        per_step = self.step_s(ran)
         return {"seconds": self.budget_s, "first_plan": first_plan, "ran": ran, "elapsed_s": round(self.elapsed(), 1),
-                "replans": len(self.changes), "last_replan": list(self.changes[-1]) if self.changes else None,
-                "probe_step_s": self.probe_s, "step_s": None if per_step is None else round(per_step, 4),
-                "load_at_start": self.load_at_start[0] if self.load_at_start[0] == self.load_at_start[0] else None,
-                "cpus": self.load_at_start[1]}
+                "replans": len(self.changes), "last_replan": list(self.changes[-1]) if self.changes else None}
+
+    def pace(self, step: int) -> dict:
+        """What a training run records of its pace: the probe's and the measured seconds per step, the load at the
+        start (None where the OS has none) and the CPUs."""
+        per_step, (load, cpus) = self.step_s(step), self.load_at_start
+        return {"probe_step_s": self.probe_s, "step_s": None if per_step is None else round(per_step, 4),
+                "load_at_start": load if load == load else None, "cpus": cpus}

@@ -46,7 +46,7 @@ def identity(setup: Setup, progress: Progress, world: int, deadline=None) -> dic
            "total_steps": p.total_steps, "schedule_steps": p.schedule_steps,
            "data_sha256": setup.data.data_sha256, "world": world}
     if deadline is not None:  # a time budget: the first plan, the re-plans, the steps run
-        out["time_budget"] = deadline.summary(p.first_plan, p.step)
+        out["time_budget"] = {**deadline.summary(p.first_plan, p.step), **deadline.pace(p.step)}
     if setup.init_state is not None:
         out["init_from"] = {"run_id": setup.init_state.get("run_id"), "step": setup.init_state["step"],
                             "model_sha256": setup.init_state["sha256"][reader.FILES[0]]}
