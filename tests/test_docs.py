@@ -131,3 +131,19 @@ def test_committed_pages_show_no_local_paths():
     found = [f"{name}: {m.group(0)}" for name in files if name.endswith((".md", ".html", ".ipynb", ".py"))
              for m in [local.search((ROOT / name).read_text(errors="replace"))] if m]
     assert found == []
+
+
+def test_the_readme_benchmark_table_reads_in_ten_seconds():
+    """Issue 31 item 6: one short line per result (what, ratio, baseline); the conditions, runs and targets of each
+    go to benchmarks/README.md ("The README's results in full"), not into the README's cells."""
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Benchmarks\n"):]
+    section = section[:section.index("\n## ", 1)] if "\n## " in section[1:] else section
+    rows = [line for line in section.splitlines() if line.startswith("| ") and not line.startswith("| what ")]
+    assert len(rows) >= 10
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert len(cells) == 3 and all(cells), f"a row is | what | result | baseline |: {row}"
+        assert len(row) <= 120, (f"{len(row)} characters, at most 120: move the details to benchmarks/README.md "
+                                 f"(The README's results in full): {row}")
+    assert "## The README's results in full" in (ROOT / "benchmarks" / "README.md").read_text()

@@ -20,6 +20,11 @@ def sync(device: torch.device | str | None = None) -> None:
         torch.cuda.synchronize(device)
 
 
+#: timed calls since the process started (every contender's call in every round): what a benchmark's heartbeat
+#: (:func:`attnkit.bench.common.begin`) reports while a suite runs
+CALLS = [0]
+
+
 def round_robin(fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 2,
                 device: torch.device | str | None = None, seed: int = 0) -> dict[str, float]:
     """Median seconds per contender; each round runs every contender once in a random order."""
@@ -36,4 +41,5 @@ def round_robin(fns: dict[str, Callable[[], object]], repeats: int, warmup: int 
             fns[name]()
             sync(device)
             times[name].append(time.perf_counter() - start)
+            CALLS[0] += 1
     return {name: statistics.median(ts) for name, ts in times.items()}

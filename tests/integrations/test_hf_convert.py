@@ -118,7 +118,8 @@ def test_to_hf_refuses_a_family_converted_one_way(monkeypatch):
     monkeypatch.setitem(families.FAMILIES, "one-way", one_way)
     bert = from_hf(build("bert", "sdpa"))
     with pytest.raises(BackendUnsupportedError, match=r"model_type='one-way' is converted one way \(into attnkit\); "
-                                                      r"to_hf supports \['bert', 'gpt2', 'llama', 'mistral', 'qwen2'\]"):
+                                                      r"to_hf supports \['bert', 'gemma3_text', 'gpt2', 'llama', "
+                                                      r"'mistral', 'qwen2', 'qwen3', 'smollm3'\]"):
         to_hf_state_dict(bert, "one-way")
     with pytest.raises(BackendUnsupportedError, match=r"model_type='one-way' is converted one way \(into attnkit\)\."):
         to_hf(bert, "one-way")

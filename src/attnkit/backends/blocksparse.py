@@ -31,6 +31,7 @@ from attnkit._bias import StructuredBias
 from attnkit._validation import AttentionCall
 from attnkit.backends.base import Rank, is_long, skippable_structure
 from attnkit.backends.block_plan import Piece, Plan, make_plan
+from attnkit.backends.cost import blocksparse_work
 from attnkit.backends.relative import (
     BLOCK,
     HALF_KEY_ROW_SPAN,
@@ -84,8 +85,8 @@ class BlockSparseBackend:
             return Rank(25, f"{structure}: {runs.count} documents run as separate causal sequences on SDPA's fused "
                             f"kernel (forward and backward), {100 * runs.density():.0f}% of the Lq x Lk entries")
         if not is_long(call, min_keys, SPARSE_MIN_QUERIES):
-            return Rank(5, f"{structure}, but short (Lq={call.q_len}, Lk={call.kv_len} < {SPARSE_MIN_QUERIES}/"
-                           f"{min_keys}): a dense mask costs little, one SDPA call is as fast")
+            return Rank(5, f"{structure} on a short call (Lq={call.q_len}, Lk={call.kv_len} < {SPARSE_MIN_QUERIES}/"
+                           f"{min_keys}): skips blocks, ranked below SDPA (the predicted time decides)")
         where = " (flex on CPU: no backward, or compiling not allowed)" if call.q.device.type == "cpu" else ""
         return Rank(20, f"{structure} on {call.kv_len} keys: blocksparse computes only reachable key blocks{where}")
 
@@ -99,6 +100,11 @@ class BlockSparseBackend:
         if call.bias_needs_grad:
             reasons.append("blocksparse gives no gradient to the bias (use backend='sdpa' or 'math' to train a bias)")
         return reasons
+
+    def work(self, call: AttentionCall) -> dict[str, float]:
+        """What it computes (:func:`attnkit.backends.cost.blocksparse_work`): its plans' pieces or document runs."""
+        return blocksparse_work(call, document_runs, make_plans, SPARSE_MIN_QUERIES, not _allow_causal(call),
+                                _offset_pieces_on_sdpa(call))
 
     def plan(self, call: AttentionCall) -> str:
         runs = document_runs(call)

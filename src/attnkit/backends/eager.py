@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from attnkit._bias import StructuredBias
 from attnkit._validation import AttentionCall
 from attnkit.backends.base import Rank
+from attnkit.backends.cost import dense_work
 from attnkit.functional.reference import expand_kv, propagate_nan_queries
 
 #: the most query x key entries per head for which ``auto`` picks this backend (a softcap call): measured on a
@@ -56,6 +57,10 @@ class EagerBackend:
                             "blocksparse's tiled kernel never holds the scores")
         return Rank(8, "a softcap, which no fused kernel has, on a short call: q k^T, softcap, mask, softmax, @ v "
                        "as a few PyTorch ops")
+
+    def work(self, call: AttentionCall) -> dict[str, float] | None:
+        """What it computes (``backends.cost``): the (B, H, Lq, Lk) scores, materialised, and a bias."""
+        return dense_work(call, scores=True, bias=call.bias is not None)
 
     def plan(self, call: AttentionCall) -> str:
         return "materialises the (B, H, Lq, Lk) scores in float32"

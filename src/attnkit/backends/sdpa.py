@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from attnkit._bias import StructuredBias
 from attnkit._validation import AttentionCall
 from attnkit.backends.base import Rank, skippable_structure
+from attnkit.backends.cost import dense_work
 from attnkit.functional.reference import propagate_nan_queries
 from attnkit.masks import is_plain_causal
 
@@ -70,6 +71,12 @@ class SDPABackend:
         if structure is None:
             return Rank(30, "no mask, a causal mask SDPA can flag, or a dense tensor: one fused SDPA kernel")
         return Rank(10, f"{structure}: SDPA needs it as a dense tensor and skips no block")
+
+    def work(self, call: AttentionCall) -> dict[str, float]:
+        """What it computes, for the router's predicted time (``backends.cost``): every Lq x Lk entry (half under
+        the causal flag), the dense mask read per entry, a bias materialised."""
+        mode = self._mode(call)
+        return dense_work(call, causal=mode == "causal", mask=mode == "dense", bias=call.bias is not None)
 
     def plan(self, call: AttentionCall) -> str:
         mode = self._mode(call)

@@ -42,6 +42,9 @@ TARGETS = {512: 0.85, 2048: 0.95, 4096: 0.95, 8192: 0.95}
 #: each decode cell is timed in this many blocks of rounds; its ratio is the median of the blocks' ratios (a burst
 #: of load on a shared machine spoils one block, not the cell)
 BLOCKS = 5
+#: a cell whose blocks' ratios spread more than this (interquartile range / median) is "unstable": its ratio is not
+#: known to 20%, so it is not judged against a target (a busy machine; ``attnkit bench`` warns of the load)
+UNSTABLE = 0.2
 
 
 def overhead(repeats: int, n: int = 16) -> dict:
@@ -101,13 +104,21 @@ def decode_cell(batch: int, q_len: int, layout: str, dtype: torch.dtype, ctx: in
                        **(round_robin(repeat, n, warmup=1) if repeat else {})})
     t = {name: statistics.median(b[name] for b in blocks) for name in (*fns, *repeat)}
 
-    def ratio(name):  # per block (its contenders ran side by side), then the median over blocks
-        return statistics.median(min(s for n, s in b.items() if n.startswith("sdpa")) / b[name] for b in blocks)
+    def ratios(name):  # per block (its contenders ran side by side)
+        return [min(s for n, s in b.items() if n.startswith("sdpa")) / b[name] for b in blocks]
 
+    plain = ratios("attnkit")
     return {"batch": batch, "q_len": q_len, "heads": layout, "dtype": str(dtype).removeprefix("torch."), "ctx": ctx,
             "median_us": {name: 1e6 * s for name, s in t.items()},
             "best_sdpa": min((n for n in t if n.startswith("sdpa")), key=t.get),
-            "ratio": ratio("attnkit"), "ratio_prepared": ratio("attnkit_prepared")}
+            "ratio": statistics.median(plain), "ratio_prepared": statistics.median(ratios("attnkit_prepared")),
+            "spread": spread(plain), "unstable": spread(plain) > UNSTABLE}
+
+
+def spread(values: list[float]) -> float:
+    """Interquartile range / median of ``values`` (the blocks' ratios of one cell): 0 when every block agrees."""
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return (q3 - q1) / statistics.median(values)
 
 
 def decode_grid(args) -> list[dict]:
@@ -123,7 +134,8 @@ def decode_grid(args) -> list[dict]:
                         print(f"  {dtype_name} ctx={ctx:5d} {layout} B={batch} Lq={q_len}: attnkit "
                               f"{row['median_us']['attnkit']:8.1f} us  best SDPA ({row['best_sdpa']}) "
                               f"{row['median_us'][row['best_sdpa']]:8.1f} us  ratio {row['ratio']:.2f} "
-                              f"(prepared {row['ratio_prepared']:.2f})")
+                              f"(prepared {row['ratio_prepared']:.2f})"
+                              + (f"  UNSTABLE (blocks spread {row['spread']:.0%})" if row["unstable"] else ""))
     return rows
 
 
@@ -135,10 +147,13 @@ def summarise(rows: list[dict]) -> dict:
             cell = [r for r in rows if r["dtype"] == dtype and r["ctx"] == ctx]
             ratios, prepared = [r["ratio"] for r in cell], [r["ratio_prepared"] for r in cell]
             target = TARGETS.get(ctx)
+            unstable = sum(r.get("unstable", False) for r in cell)
+            # a target is judged only when every cell's ratio is known to 20%: else "can't say" (None)
             out[f"{dtype} ctx={ctx}"] = {
                 "min_ratio": min(ratios), "median_ratio": statistics.median(ratios),
                 "min_ratio_prepared": min(prepared), "median_ratio_prepared": statistics.median(prepared),
-                "target": target, "met": None if target is None else min(ratios) >= target}
+                "unstable_cells": unstable, "cells": len(cell),
+                "target": target, "met": None if target is None or unstable else min(ratios) >= target}
     return out
 
 
@@ -189,8 +204,11 @@ def run(args: argparse.Namespace) -> int:
                              "targets": {str(c): t for c, t in TARGETS.items()}, "rows": rows,
                              "summary": summarise(rows)}
         for label, s in payload["decode"]["summary"].items():
+            verdict = ("met" if s["met"] else "NOT met" if s["met"] is False else
+                       f"can't say: {s['unstable_cells']} of {s['cells']} cells unstable (their blocks' ratios spread "
+                       f"> {UNSTABLE:.0%}; the machine is busy?)" if s["unstable_cells"] else "no target")
             print(f"{label}: lowest ratio {s['min_ratio']:.2f} (median {s['median_ratio']:.2f}; prepared lowest "
-                  f"{s['min_ratio_prepared']:.2f}); target {s['target']}: {'met' if s['met'] else 'NOT met'}")
+                  f"{s['min_ratio_prepared']:.2f}); target {s['target']}: {verdict}")
         out.mkdir(parents=True, exist_ok=True)
         payload["plot"] = str(plot(payload, out / "dispatch_decode.png"))
     payload["notes"] = ("Round-robin medians on a shared machine: read ratios. Decode baseline: the faster of SDPA "

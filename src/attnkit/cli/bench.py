@@ -20,7 +20,8 @@ def add_parser(sub) -> None:
 def checked(parser, run):
     """``run`` after the suite's arguments are checked: every number a size, a count or a budget (> 0; >= 0 where the
     flag's help gives 0 a meaning), ``--threads`` at most this machine's CPUs, ``--name`` a plain file name (see
-    :func:`attnkit.bench.common.check_name`)."""
+    :func:`attnkit.bench.common.check_name`); it runs under :func:`attnkit.bench.common.begin` (threads pinned
+    and printed, the load recorded in its results, a warning on a busy machine, a heartbeat line)."""
 
     def run_checked(args) -> int:
         import os
@@ -44,6 +45,13 @@ def checked(parser, run):
                                     "that.")
         if getattr(args, "name", None) is not None:
             check_name(args.name)
-        return run(args)
+        from attnkit.bench.common import begin, end
+
+        own_threads = any(a.dest == "threads" for a in parser._actions)
+        begin(args.suite, threads_flag=own_threads)  # threads pinned and printed, the load recorded, a heartbeat
+        try:
+            return run(args)
+        finally:
+            end()
 
     return run_checked

@@ -3,6 +3,7 @@
     attnkit heads runs/demo --text "To be, or not to be"                  # a trained run: next-token loss
     attnkit heads path/to/all-MiniLM-L6-v2 --text "A cat sat." --out heads.png  # an encoder: embedding change
     attnkit heads tiny --ablation mean --json                                # mean-ablation, JSON out
+    attnkit heads path/to/saved_config_model --ids --text "5 9 12 5 9 12"     # a folder without a tokenizer
 
 Targets are those of ``attnkit doctor``. The objective is the next-token loss for causal LMs and
 ``1 - cos`` of the mean-pooled sentence embedding for encoders (``ak.diagnostics.importance``); the command
@@ -15,14 +16,16 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from attnkit.cli.report import DEFAULT_TEXT
+from attnkit.cli.report import DEFAULT_TEXT, check_ids_text, cli_tokens
 
 
 def add_parser(sub) -> None:
     p = sub.add_parser("heads", help="rank a model's attention heads by the loss change when each is removed")
     p.add_argument("target", help="what attnkit doctor takes: a preset, a run or checkpoint folder, a Hugging Face "
                                   "folder, or hf-*-tiny")
-    p.add_argument("--text", default=DEFAULT_TEXT, help="the input the heads are scored on")
+    p.add_argument("--text", default=None, help=f"the input the heads are scored on (default {DEFAULT_TEXT!r})")
+    p.add_argument("--ids", action="store_true",
+                   help="--text is token ids (\"1 5 7\"), for a model without a tokenizer (a save_pretrained folder)")
     p.add_argument("--ablation", choices=["zero", "mean"], default="zero",
                    help="replace a removed head's output by zeros, or by its mean over the text's positions")
     p.add_argument("--out", type=Path, default=None, help="draw the layers x heads heatmap into this .png")
@@ -40,19 +43,19 @@ def run(args) -> int:
 
     from attnkit import _files
     from attnkit.diagnostics.importance import head_importance
-    from attnkit.diagnostics.report import tokenize
     from attnkit.diagnostics.viz import PNG
     from attnkit.errors import AttnkitValueError
     from attnkit.runs import open_source
 
     if args.out is not None:  # the library's rules, before the model loads: a typo costs nothing
         _files.check_out(args.out, PNG, args.overwrite, option="--out")
+    check_ids_text(args)
     if args.top < 0:
         raise AttnkitValueError(f"--top must be >= 0 (0 prints every head), got {args.top}.")
     torch.manual_seed(args.seed)
     source = open_source(args.target, encoder=args.encoder)
     model = source.model
-    ids, _ = tokenize(model, args.text, source.hf_tokenizer)  # (1, L)
+    ids, _ = cli_tokens(args, source)  # (1, L)
     limit = getattr(getattr(model, "config", None), "max_position_embeddings", None)
     if isinstance(limit, int) and ids.shape[1] > limit:
         raise AttnkitValueError(f"--text is {ids.shape[1]} tokens but {args.target} has position embeddings for "

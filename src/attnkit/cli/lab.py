@@ -38,7 +38,7 @@ def run(args) -> int:
     outs = {name: Path("runs") / "labs" / name if args.out is None else
             Path(args.out) / name if args.name == "all" else Path(args.out) for name in names}
     for name, out in outs.items():  # every folder before any lab runs: a refusal costs nothing
-        check_out_folder(out, name, args.overwrite)
+        check_out_folder(out, name, args.overwrite, option="--out")
     for name, where in outs.items():
         payload = run_lab(name, quick=args.quick, out=where, seed=args.seed, threads=args.threads,
                           overwrite=args.overwrite)

@@ -3,6 +3,7 @@
     attnkit report runs/demo --text "To be, or not to be"     # a trained run: + loss curves, monitor verdicts
     attnkit report tiny --text "hello" --out tiny.html        # a preset with fresh weights
     attnkit report path/to/hf_model --text "Attention is all you need."   # a Hugging Face folder (eager weights)
+    attnkit report path/to/saved_config_model --ids --text "5 9 12 5 9 12"  # a folder without a tokenizer
 
 Targets are those of ``attnkit doctor`` (presets, run or checkpoint folders, Hugging Face folders, hf-*-tiny).
 The page opens from disk with no network; the command prints what the page shows (every weight, or past
@@ -24,7 +25,9 @@ def add_parser(sub) -> None:
     p = sub.add_parser("report", help="write a self-contained HTML explorer of a model's attention on a text")
     p.add_argument("target", help="a preset (tiny), an attnkit run/checkpoint folder, a Hugging Face folder, or "
                                   "hf-gpt2-tiny / hf-llama-tiny / hf-bert-tiny")
-    p.add_argument("--text", default=DEFAULT_TEXT, help="the input to look at")
+    p.add_argument("--text", default=None, help=f"the input to look at (default {DEFAULT_TEXT!r})")
+    p.add_argument("--ids", action="store_true",
+                   help="--text is token ids (\"1 5 7\"), for a model without a tokenizer (a save_pretrained folder)")
     p.add_argument("--out", type=Path, default=None,
                    help="the .html to write (default: report.html in a run folder, report-step_N.html there for one of "
                         "its checkpoints, else attention_report.html)")
@@ -53,13 +56,14 @@ def run(args) -> int:
     import torch
 
     from attnkit._files import check_text
-    from attnkit.diagnostics.report import MAX_TOKENS, check_length, check_out, report, shown, tokenize
+    from attnkit.diagnostics.report import MAX_TOKENS, check_length, check_out, report, shown
     from attnkit.diagnostics.report.encode import human_bytes
     from attnkit.runs import locate, open_source
 
     for flag in ("target", "text", "title", "compare", "out"):  # undecodable bytes: one typed line, no traceback
         if getattr(args, flag) is not None:
             check_text(f"--{flag}" if flag != "target" else "TARGET", str(getattr(args, flag)))
+    check_ids_text(args)
     target = locate(args.target)
     if args.compare is not None:  # before the model loads and the doctor runs: a missing checkpoint costs nothing
         locate(args.compare, name="--compare")
@@ -72,8 +76,8 @@ def run(args) -> int:
     model, fresh = source.model, source.fresh
     title = args.title or f"attnkit report: {args.target}"
     max_tokens = MAX_TOKENS if args.max_tokens is None else args.max_tokens
-    ids, labels = tokenize(model, args.text, source.hf_tokenizer) if args.text else (args.text, None)
-    if args.text:
+    ids, labels = cli_tokens(args, source) if args.text != "" else (args.text, None)
+    if args.text != "":
         check_length(ids.shape[1], max_tokens)  # before the doctor runs
     loaded = time.perf_counter()
     doctor, doctor_s = False, 0.0
@@ -82,7 +86,7 @@ def run(args) -> int:
         from attnkit.diagnostics.doctor import examine
 
         doctor = examine(model, fresh=fresh, name=title, loaded_from=args.target if source.loaded else None,
-                         text=ids if args.text else None, text_note=f"the report's text, {ids.shape[1]} tokens",
+                         text=ids if args.text != "" else None, text_note=f"the report's text, {ids.shape[1]} tokens",
                          progress=progress_printer()).to_dict()
         doctor_s = time.perf_counter() - loaded
     compare, importance, extra_s = _extras(args, model, ids)
@@ -97,6 +101,56 @@ def run(args) -> int:
           + f"attention and page {done - loaded - doctor_s - extra_s:.1f} s)")
     print(f"wrote {path} ({human_bytes(path.stat().st_size)}); open it in a browser: {path.resolve().as_uri()}")
     return 0
+
+
+def check_ids_text(args) -> None:
+    """``--ids`` reads --text as token ids: it needs one (the default text is words). Before anything loads."""
+    from attnkit.errors import AttnkitValueError
+
+    if args.ids and args.text is None:
+        raise AttnkitValueError("--ids reads --text as token ids: pass them, e.g. --ids --text \"1 5 7 1 5 7\".")
+
+
+def cli_tokens(args, source):
+    """``(tokens (1, L), labels)`` of ``--text`` for ``report`` and ``heads``: token ids with ``--ids``, else the
+    target's tokenizer; a model without one is told about ``--ids``."""
+    from attnkit.diagnostics.report import tokenize
+    from attnkit.errors import AttnkitValueError
+
+    model = source.model
+    if args.ids:
+        return token_ids(args.text, getattr(getattr(model, "config", None), "vocab_size", None))
+    text = DEFAULT_TEXT if args.text is None else args.text
+    try:
+        return tokenize(model, text, source.hf_tokenizer)
+    except AttnkitValueError as exc:
+        if "tokenizer" not in str(exc):
+            raise
+        raise AttnkitValueError(f"{args.target} has no tokenizer to read --text with; pass token ids instead: "
+                                "--ids --text \"1 5 7\".") from exc
+
+
+def token_ids(text: str, vocab_size: int | None = None, option: str = "--text") -> tuple[torch.Tensor, list[str]]:
+    """``(tokens (1, L), labels)`` from token ids written as text (``"1 5 7"``, commas allowed), for a model
+    without a tokenizer (``--ids`` of ``report``, ``heads`` and ``generate``); each id is checked against
+    ``vocab_size``. The labels are the ids."""
+    import torch
+
+    from attnkit.errors import AttnkitValueError
+
+    try:
+        ids = [int(t) for t in str(text).replace(",", " ").split()]
+    except ValueError:
+        raise AttnkitValueError(f"--ids: {option} {text!r} is not token ids; pass ids separated by spaces, e.g. "
+                                f"{option} \"1 5 7\".") from None
+    if not ids:
+        raise AttnkitValueError(f"--ids: {option} holds no token ids; pass ids separated by spaces, e.g. "
+                                f"{option} \"1 5 7\".")
+    bad = [i for i in ids if i < 0 or (vocab_size is not None and i >= vocab_size)]
+    if bad:
+        raise AttnkitValueError(f"--ids: {option} holds id {bad[0]}, outside the model's vocabulary "
+                                f"[0, {vocab_size}); pass ids in that range.")
+    return torch.tensor([ids]), [str(i) for i in ids]
 
 
 def default_out(target) -> Path:

@@ -22,7 +22,7 @@ Heads are ``(layer, head)`` pairs. ``layer``: for attnkit models the index of th
 :class:`~attnkit.nn.MultiHeadAttention` module in ``model.named_modules()`` order (the block index of a
 ``TransformerLM``; linear-attention layers are not counted), found by hooks on those modules; for other models
 (Hugging Face) the index of the attention call within one forward of ``model`` (a forward pre-hook on ``model``
-restarts the count), which is the i-th decoder / encoder layer. ``head`` is a query head (with GQA, one of the
+restarts the count), which is the i-th softmax attention layer (a hybrid's linear-attention layers make no call). ``head`` is a query head (with GQA, one of the
 H query heads, not a KV head). Out-of-range pairs raise a ``ValueError`` before the forward when the model's
 structure tells its layers (:func:`attention_layout`), else while it runs.
 
@@ -55,17 +55,20 @@ MODES = ("zero", "mean")
 
 def attention_layout(model: nn.Module) -> list[int] | None:
     """Query heads of each attention layer of ``model``, in call order, when its structure says so: its
-    :class:`~attnkit.nn.MultiHeadAttention` modules, or a Hugging Face config's ``num_hidden_layers`` x
-    ``num_attention_heads`` (decoder-only or encoder-only). None when unknown."""
+    :class:`~attnkit.nn.MultiHeadAttention` modules, or a Hugging Face config's softmax attention layers (its
+    ``layer_types`` without linear-attention layers, else ``num_hidden_layers``) x ``num_attention_heads``
+    (decoder-only or encoder-only). None when unknown."""
     from attnkit.diagnostics.subjects import attnkit_attention_modules
 
     found = attnkit_attention_modules(model)
     if found:
         return [m.num_heads for _, m in found]
+    from attnkit.diagnostics.layer_kinds import attention_layers
+
     config = getattr(model, "config", None)
-    layers, heads = getattr(config, "num_hidden_layers", None), getattr(config, "num_attention_heads", None)
-    if isinstance(layers, int) and isinstance(heads, int) and not getattr(config, "is_encoder_decoder", False):
-        return [heads] * layers
+    layers, heads = attention_layers(model), getattr(config, "num_attention_heads", None)
+    if layers is not None and isinstance(heads, int):  # a hybrid's linear layers make no call: not counted
+        return [heads] * len(layers)
     return None
 
 

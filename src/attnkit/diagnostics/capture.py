@@ -34,6 +34,7 @@ from torch import nn
 
 from attnkit import _hooks
 from attnkit._validation import AttentionCall
+from attnkit.diagnostics.layer_kinds import mask_kind
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
 from attnkit.functional.reference import safe_softmax, scores_of
 from attnkit.masks import materialize
@@ -44,10 +45,13 @@ class Record:
     """One captured attention call (tensors detached, on the call's device).
 
     ``weights``: probabilities ``(B, h, r, Lk)`` (float32, or float64 for float64 inputs; what the backend
-    returned when the call asked for weights). ``allowed``: the boolean mask ``(B|1, 1|h, r, Lk)`` or None.
+    returned when the call asked for weights); with attention sinks (gpt-oss) a row sums to less than 1, the rest
+    being the sink's (``sinks`` True). ``allowed``: the boolean mask ``(B|1, 1|h, r, Lk)`` or None.
     ``q_positions``/``kv_positions``: ``(B|1, r)`` and ``(B|1, Lk)``. ``scores`` (pre-softmax, masked
     entries -inf) ``(B, h, r, Lk)``, ``q`` ``(B, h, r, D)`` and ``k`` ``(B, h, Lk, D)`` (KV heads expanded for
-    GQA) only when asked for.
+    GQA) only when asked for. ``kind``: the layer kind the call's mask says (``"sliding 4"``, ``"full (causal)"``:
+    :func:`attnkit.diagnostics.layer_kinds.mask_kind`); ``kv_heads`` Hkv and ``v_head_dim`` Dv of the call (MLA:
+    ``head_dim`` of q and k differs from Dv).
     """
 
     layer: str
@@ -61,6 +65,10 @@ class Record:
     scale: float
     head_dim: int
     scores: torch.Tensor | None = None
+    kind: str = ""
+    kv_heads: int = 0
+    v_head_dim: int = 0
+    sinks: bool = False
     q: torch.Tensor | None = None
     k: torch.Tensor | None = None
 
@@ -75,6 +83,16 @@ def _indices(selection: Sequence[int] | None, size: int, name: str) -> list[int]
                                     f"[{-size}, {size}) (negative counts from the end), or None for all.")
         out.append(i % size)
     return out
+
+
+def _probabilities(scores: torch.Tensor, sinks: torch.Tensor | None) -> torch.Tensor:
+    """``(B, H, Lq, Lk)`` probabilities as the reference computes them: with ``sinks`` ``(H,)`` one extra logit
+    per head joins each row's softmax and its mass is dropped (``functional.reference.reference_from_call``)."""
+    if sinks is None:
+        return safe_softmax(scores)
+    B, H, Lq, _ = scores.shape
+    sink = sinks.detach().to(scores.dtype).view(1, H, 1, 1).expand(B, H, Lq, 1)  # (B, H, Lq, 1)
+    return safe_softmax(torch.cat([scores, sink], dim=-1))[..., :-1]  # (B, H, Lq, Lk)
 
 
 class capture:  # noqa: N801 - used as a context manager, like torch.no_grad
@@ -162,7 +180,7 @@ class capture:  # noqa: N801 - used as a context manager, like torch.no_grad
             if not isinstance(result, tuple) or self.want_scores:
                 scores = scores_of(call)  # (B, H, Lq, Lk), masked entries -inf
             if not isinstance(result, tuple):
-                weights = safe_softmax(scores)  # exactly the reference path
+                weights = _probabilities(scores, call.sinks)  # exactly the reference path
             allowed = materialize(call.mask, q_pos, kv_pos)  # (B|1, 1|H, Lq, Lk) or None
 
             def pick(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -180,7 +198,8 @@ class capture:  # noqa: N801 - used as a context manager, like torch.no_grad
                 layer=layer, index=index, heads=heads, rows=rows, weights=pick(weights), allowed=allowed,
                 q_positions=q_pos if every_row else q_pos.index_select(1, r_idx), kv_positions=kv_pos, scale=call.scale,
                 head_dim=call.q.shape[-1],
-                scores=pick(scores) if self.want_scores else None,
+                scores=pick(scores) if self.want_scores else None, kind=mask_kind(call.mask),
+                kv_heads=call.k.shape[1], v_head_dim=call.v.shape[-1], sinks=call.sinks is not None,
             )
             if self.want_qk:
                 from attnkit.functional.reference import expand_kv

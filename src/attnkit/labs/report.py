@@ -12,6 +12,12 @@ and the lab's PNG plots into its output folder. :func:`check_out_folder` applies
 folder before anything runs: absent or empty, or an earlier output of the same lab (recognised positively: its
 ``results.json`` names the lab and the folder holds nothing but ``results.json``, ``summary.md`` and PNGs);
 anything else is refused unless ``overwrite``, and even then only the lab's own files are replaced.
+
+Every file a lab writes follows the rules of :mod:`attnkit._files`, as every other command's outputs do: written
+atomically (a temporary file renamed over the name), so a symbolic link at one of the lab's names is replaced,
+never written through (its target untouched), and a FIFO, a device or a folder at one of them is refused before
+the lab runs (a write would block forever or land elsewhere). Nothing in ``attnkit.labs`` opens a file for writing
+itself (``tests/labs/test_lab_files.py`` scans for it).
 """
 
 from __future__ import annotations
@@ -23,11 +29,21 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from attnkit._files import not_ours
+from attnkit._files import OutputKind, check_out, not_ours, write_atomic
 from attnkit.errors import AttnkitValueError
 
 #: the files a lab writes into its folder (plus its PNG plots)
 OUTPUT_FILES = ("results.json", "summary.md")
+#: what each of them is (:class:`attnkit._files.OutputKind`: a name, its suffix, the marker of one attnkit wrote)
+RESULTS = OutputKind("lab results", (".json",), "a JSON file", b'"lab": ')
+SUMMARY = OutputKind("lab summary", (".md",), "a Markdown page", b"# lab `")
+
+
+def output_kind(name: str) -> OutputKind:
+    """The kind of the lab output called ``name`` (``results.json``, ``summary.md``, ``NAME.png``)."""
+    from attnkit.diagnostics.viz import PNG
+
+    return {"results.json": RESULTS, "summary.md": SUMMARY}.get(name, PNG)
 
 HOLDS, FAILS, MIXED = "holds", "does not hold at this scale", "mixed"
 
@@ -74,8 +90,11 @@ class Plots:
         try:
             yield axes[0] if ncols > 1 else axes[0][0]
             fig.tight_layout()
-            path = self.out / f"{name}.png"
-            fig.savefig(path, dpi=80)
+            from attnkit.diagnostics.viz import save_png
+
+            # the folder was checked before the lab ran (check_out_folder): an earlier figure is replaced,
+            # a link at the name too (never its target), atomically
+            path = save_png(fig, self.out / f"{name}.png", overwrite=True, dpi=80, option="out")
             self.files.append(path.name)
         finally:
             plt.close(fig)
@@ -139,14 +158,20 @@ def not_a_lab_output(folder: Path, name: str) -> str | None:
     return None
 
 
-def check_out_folder(out: Path, name: str, overwrite: bool = False) -> Path:
+def check_out_folder(out: Path, name: str, overwrite: bool = False, *, option: str = "out") -> Path:
     """``out`` when the lab ``name`` may write there (absent, empty, or its own earlier output), else a typed
     error naming the folder, what it holds and the fix; ``overwrite`` allows any folder (nothing is deleted: the
-    lab's files are written over, other files stay)."""
+    lab's files are written over, other files stay) but not a FIFO, device or folder at one of the lab's file
+    names. ``option``: how the messages name the folder's argument (``--out`` on the command line)."""
     if out.exists() and not out.is_dir():
         raise AttnkitValueError(f"out={str(out)!r} is a file; pass a folder (absent, empty, or an earlier output "
                                 f"of lab {name!r}).")
-    if overwrite or not out.is_dir() or not any(out.iterdir()):
+    if not out.is_dir() or not any(out.iterdir()):
+        return out
+    if overwrite:  # the lab's own names: a link is replaced, a FIFO, a device or a folder refused, before it runs
+        for entry in sorted(out.iterdir()):
+            if entry.name in OUTPUT_FILES or entry.name.endswith(".png"):
+                check_out(entry, output_kind(entry.name), overwrite=True, option=option)
         return out
     why = not_a_lab_output(out, name)
     if why is not None:
@@ -157,6 +182,8 @@ def check_out_folder(out: Path, name: str, overwrite: bool = False) -> Path:
 
 
 def write_outputs(out: Path, payload: dict, summary: str) -> None:
+    """``results.json`` and ``summary.md`` into ``out``, each atomically by the rules of :mod:`attnkit._files`."""
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(jsonable(payload), indent=1))
-    (out / "summary.md").write_text(summary)
+    for name, text in (("results.json", json.dumps(jsonable(payload), indent=1)), ("summary.md", summary)):
+        path = check_out(out / name, output_kind(name), overwrite=True, option="out")
+        write_atomic(path, text.encode("utf-8"), output_kind(name))

@@ -136,6 +136,8 @@ class TransformerLM(nn.Module):
         range without reading ``positions`` back."""
         L = tokens.shape[1]
         x = self.embed(tokens)  # (B, L, E)
+        if self.config.embed_scale is not None:
+            x = x * self.config.embed_scale  # Gemma: sqrt(E), on the input embeddings only (the tied head is not)
         if self.pos_embed is not None:
             pos = torch.arange(L, device=tokens.device) if positions is None else positions.clamp(min=0)  # pads < 0
             table = self.pos_embed(pos) if position_bound is None or not isinstance(self.pos_embed, Learned) else \

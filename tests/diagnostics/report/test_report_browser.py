@@ -52,7 +52,7 @@ def test_click_opens_the_right_heatmap(page, small_report):
     page.find_element("css selector", "canvas.thumb[data-layer='2'][data-head='3']").click()
     heat = page.find_element("id", "heatmap")
     assert (heat.get_attribute("data-layer"), heat.get_attribute("data-head")) == ("2", "3")
-    assert page.find_element("id", "viewer-title").text.startswith("layer 2 (blocks.2.attn), head 3, kv head 1")
+    assert page.find_element("id", "viewer-title").text.startswith("layer 2 (blocks.2.attn, full (causal)), head 3, kv head 1")
     # the drawn pixels are that head's: in each row the darkest allowed pixel is the key with the largest weight
     tokens, _ = tokenize(model, TEXT)
     w = math_weights(model, tokens)[2][3].numpy()

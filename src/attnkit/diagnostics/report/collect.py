@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from attnkit.diagnostics.capture import capture
+from attnkit.diagnostics.layer_kinds import model_layers
 from attnkit.diagnostics.metrics import HealthThresholds, head_metrics
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
 
@@ -37,6 +38,12 @@ class Layer:
     kv_heads: int
     metrics: dict[str, list[float]] = field(default_factory=dict)
     verdicts: list[str] = field(default_factory=list)
+    #: what the call's mask says the layer is ("full (causal)", "sliding 4", "chunked 4", ...), "" when unknown
+    kind: str = ""
+    head_dim: int = 0  # D of q and k
+    v_head_dim: int = 0  # Dv (MLA: differs from D)
+    scale: float | None = None
+    sinks: bool = False  # learned attention sinks take part of each row's mass (gpt-oss)
 
     @property
     def num_heads(self) -> int:
@@ -52,6 +59,8 @@ class Collected:
     layers: list[Layer]
     source: str  # "attnkit capture" or "transformers output_attentions (eager)"
     mask_note: str = ""
+    #: layers that make no softmax attention call, listed with what they are instead: (name, reason)
+    skipped: list[tuple[str, str]] = field(default_factory=list)
 
 
 def prev_token_score(weights: torch.Tensor, allowed: torch.Tensor | None) -> list[float]:
@@ -68,11 +77,19 @@ def prev_token_score(weights: torch.Tensor, allowed: torch.Tensor | None) -> lis
     return torch.where(n > 0, total / n.clamp_min(1), torch.full_like(total, math.nan)).tolist()
 
 
+def learned_sink_mass(weights: torch.Tensor) -> list[float]:
+    """The mean probability each head's learned sink takes, ``(H, Lq, Lk) -> H floats``: what a row's weights over
+    the keys leave of 1 (summed in float64)."""
+    return (1 - weights.double().sum(-1)).clamp_min(0).mean(-1).tolist()
+
+
 def layer_metrics(layer: Layer, thresholds: HealthThresholds) -> None:
     """Fill ``layer.metrics`` (the :func:`head_metrics` fields plus ``prev_token``) and ``layer.verdicts``."""
     allowed = None if layer.allowed is None else layer.allowed[None]  # (1, 1|H, L, L)
     m = head_metrics(layer.weights[None], allowed)
     layer.metrics = {**m.to_dict(), "prev_token": prev_token_score(layer.weights, layer.allowed)}
+    if layer.sinks:
+        layer.metrics["learned_sink"] = learned_sink_mass(layer.weights)
     layer.verdicts = m.verdicts(thresholds)
 
 
@@ -137,9 +154,13 @@ def collect(model: nn.Module, tokens: torch.Tensor, labels: list[str], *,
     layers, source, note = [], "attnkit capture", "the mask each attention call received"
     if _is_hf(model):
         source = f"attnkit capture (transformers attn_implementation={used!r})"
-    for i, (name, records) in enumerate(cap.by_layer().items()):
-        if _is_hf(model) and name.startswith("call"):
-            name = f"layer {i}"  # transformers' attention modules are not attnkit's: number the calls
+    structure = model_layers(model) or []
+    attending = [x for x in structure if x.attends]
+    calls = cap.by_layer()
+    for i, (name, records) in enumerate(calls.items()):
+        if _is_hf(model) and name.startswith("call"):  # transformers' attention modules are not attnkit's:
+            # the i-th call is the i-th attention layer (a hybrid's linear layers make none)
+            name = attending[i].name if len(attending) == len(calls) else f"layer {i}"
         record = records[-1]  # the last call of the layer (one forward: the only one)
         allowed = record.allowed
         if allowed is not None:
@@ -147,7 +168,10 @@ def collect(model: nn.Module, tokens: torch.Tensor, labels: list[str], *,
             if allowed.shape[-2] == 1:  # a row-broadcast mask (padding only): one row for all queries
                 allowed = allowed.expand(allowed.shape[0], record.weights.shape[2], allowed.shape[-1])
         weights = record.weights[0].float().cpu()  # (H, L, L)
-        layers.append(Layer(name, weights, allowed, _kv_heads_of(model, name, weights.shape[0])))
+        layers.append(Layer(name, weights, allowed, record.kv_heads or _kv_heads_of(model, name, weights.shape[0]),
+                            kind=record.kind, head_dim=record.head_dim, v_head_dim=record.v_head_dim,
+                            scale=record.scale, sinks=record.sinks))
+    skipped = [(x.name, x.skipped) for x in structure if not x.attends]
     if not layers and _is_hf(model):
         attentions = getattr(out, "attentions", None)
         if not attentions:
@@ -163,14 +187,15 @@ def collect(model: nn.Module, tokens: torch.Tensor, labels: list[str], *,
             "not return the mask it applied)"
         for i, a in enumerate(attentions):
             weights = a[0].float().cpu()  # (H, L, L)
-            layers.append(Layer(f"layer {i}", weights, allowed, _kv_heads_of(model, "", weights.shape[0])))
+            layers.append(Layer(f"layer {i}", weights, allowed, _kv_heads_of(model, "", weights.shape[0]),
+                                kind="full (causal)" if causal else "full (bidirectional)"))
     if not layers:
         raise AttnkitValueError(
             f"no attention calls were seen while running {type(model).__name__}: its attention does not go through "
             "attnkit.attention. Build the model from attnkit modules, or pass a Hugging Face model.")
     for layer in layers:
         layer_metrics(layer, thresholds)
-    return Collected(tokens[0].tolist(), labels, layers, source, note)
+    return Collected(tokens[0].tolist(), labels, layers, source, note, skipped)
 
 
 def _hf_encoder_types() -> set[str]:

@@ -23,6 +23,56 @@ COLUMNS = [("layer", "layer", "int"), ("name", "name", "text"), ("head", "head",
            ("masked_mass", "masked mass", "sci"), ("verdict", "verdict", "text")]
 
 
+#: a column shown only when some layer has the metric (learned sinks: gpt-oss), inserted after the one named
+OPTIONAL_COLUMNS = [("sink_mass", ("learned_sink", "learned sink", "num"))]
+
+
+def columns(data: Collected) -> list[tuple[str, str, str]]:
+    """The metrics table's columns: :data:`COLUMNS`, plus each optional one some layer has."""
+    out = list(COLUMNS)
+    for after, column in OPTIONAL_COLUMNS:
+        if any(column[0] in layer.metrics for layer in data.layers):
+            out.insert([c[0] for c in out].index(after) + 1, column)
+    return out
+
+
+def _heads_text(layer) -> str:
+    if layer.kv_heads == layer.num_heads:
+        return f"{layer.num_heads}"
+    G = layer.num_heads // layer.kv_heads
+    return (f"{layer.num_heads} query, {layer.kv_heads} KV: "
+            + ("multi-query (all share one)" if layer.kv_heads == 1 else f"{layer.kv_heads} groups of {G}"))
+
+
+def layers_html(data: Collected) -> str:
+    """The layers table: each layer's kind (what its mask says), heads and GQA groups, q/k and value head sizes
+    (MLA: they differ), softmax scale, learned sinks; then the layers that make no softmax call, with the reason."""
+    rows = []
+    for l, layer in enumerate(data.layers):
+        dims = "" if not layer.head_dim else (
+            f"{layer.head_dim}" if layer.v_head_dim in (0, layer.head_dim) else
+            f"q/k {layer.head_dim}, v {layer.v_head_dim} (MLA)")
+        sinks = ""
+        if layer.sinks:
+            mass = layer.metrics.get("learned_sink", [])
+            sinks = "learned: " + ", ".join(f"{x:.2f}" for x in mass) + " of each row (per head)"
+        scale = "" if layer.scale is None else f"{layer.scale:.4g}"
+        rows.append(f'<tr data-layer="{l}"><td>{l}</td><td class="text">{html.escape(layer.name)}</td>'
+                    f'<td class="text kind">{html.escape(layer.kind or "?")}</td>'
+                    f'<td class="text">{html.escape(_heads_text(layer))}</td><td class="text">{html.escape(dims)}</td>'
+                    f'<td>{scale}</td><td class="text">{html.escape(sinks)}</td></tr>')
+    for name, reason in data.skipped:
+        rows.append(f'<tr class="skipped"><td></td><td class="text">{html.escape(name)}</td>'
+                    f'<td class="text kind">skipped</td><td class="text" colspan="4">{html.escape(reason)}</td></tr>')
+    return ('<section id="layers-section"><h2>Layers</h2><p class="note">What each layer is, as its mask says '
+            '(full, sliding W keys, chunked C, local (left, right)); its query and KV heads (query heads in groups '
+            'that share a KV head); the head sizes; the softmax scale; the mass learned attention sinks take. '
+            'Layers that make no softmax attention call are listed last, skipped, with what they are.</p>'
+            '<table id="layers"><thead><tr><th>#</th><th class="text">layer</th><th class="text">kind</th>'
+            '<th class="text">heads</th><th class="text">head size</th><th>scale</th><th class="text">sinks</th>'
+            f'</tr></thead><tbody>{"".join(rows)}</tbody></table></section>')
+
+
 def _num(x: float) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(float(x), 6)
 
@@ -57,12 +107,13 @@ def payload(data: Collected, *, dense_max: int = 512, top_k: int = 32, compare: 
                     mask_ids[key] = len(masks)
                     masks.append(encode_mask(buf, m))
                 mask.append(mask_ids[key])
-        layers.append({"name": layer.name, "H": layer.num_heads, "Hkv": layer.kv_heads, "heads": heads, "mask": mask})
+        layers.append({"name": layer.name, "kind": layer.kind, "H": layer.num_heads, "Hkv": layer.kv_heads,
+                       "heads": heads, "mask": mask})
         verdicts.append(layer.verdicts)
     table = metrics_table(data)
     by_head = [[{k: r[k] for k in layer.metrics} for r in table if r["layer"] == l] for l, layer in enumerate(data.layers)]
     meta = {"L": L, "step": STEP, "labels": data.labels, "ids": data.tokens, "layers": layers, "masks": masks,
-            "columns": COLUMNS, "table": table, "metricsByHead": by_head, "verdicts": verdicts,
+            "columns": columns(data), "table": table, "metricsByHead": by_head, "verdicts": verdicts,
             "sparse_top_k": sparse, "names": list(names), "compare": None}
     if compare is not None:
         meta["compare"] = {"heads": [encode_layer(buf, layer.weights, sparse) for layer in compare.layers],
@@ -231,6 +282,7 @@ and the tokens it attends to are shaded.</p><div id="tokens"></div></section>
 Mask: {mask_note}.</div>
 <div id="tooltip"></div></div>
 </div></section>
+{layers}
 <section id="headview-section"><h2>Head view</h2>
 <p class="note">The open head as lines from each query token (left) to the keys it attends to (right), opacity = weight
 (as BertViz draws it). Hover or click a token on the left to keep only its lines.</p>
@@ -280,7 +332,7 @@ def render(data: Collected, *, title: str, facts: str, doctor: dict | None = Non
     return TEMPLATE.format(
         csp=CSP, title=html.escape(title), facts=html.escape(facts, quote=False),
         warning=f'<p class="banner" id="length-warning">{html.escape(warning)}</p>' if warning else "",
-        compare=compare_html, importance=importance_html(importance, [layer.name for layer in data.layers]),
+        compare=compare_html, layers=layers_html(data), importance=importance_html(importance, [layer.name for layer in data.layers]),
         css=_asset("report.css"), js=_asset("report.js"),
         sparse_note=sparse_note, gqa_note=", query heads boxed by the KV head they share" if gqa else "",
         mask_note=html.escape(data.mask_note), collapsed=thresholds.collapsed_max_prob,

@@ -95,7 +95,7 @@
     const name = document.createElement("div");
     name.className = "lname"; name.title = layer.name;
     const num = document.createElement("b"), full = document.createElement("span");
-    num.textContent = `L${l}`; full.textContent = layer.name;  // the whole name, wrapped: never cut off
+    num.textContent = `L${l}`; full.textContent = layer.name + (layer.kind ? ` \u00b7 ${layer.kind}` : "");  // wrapped: never cut off
     name.append(num, full);
     row.appendChild(name);
     const groups = document.createElement("div");
@@ -332,7 +332,7 @@
   function open(l, h) {
     state.layer = l; state.head = h;
     const layer = META.layers[l], G = layer.H / layer.Hkv, m = META.metricsByHead[l][h];
-    $("viewer-title").textContent = `layer ${l} (${layer.name}), head ${h}` + (layer.Hkv !== layer.H ? `, kv head ${Math.floor(h / G)}` : "");
+    $("viewer-title").textContent = `layer ${l} (${layer.name}${layer.kind ? ", " + layer.kind : ""}), head ${h}` + (layer.Hkv !== layer.H ? `, kv head ${Math.floor(h / G)}` : "");
     $("viewer-facts").textContent = `verdict ${META.verdicts[l][h]}; entropy ${fmt(m.entropy)} nats; sink ${fmt(m.sink_mass)}; ` +
       `mean distance ${fmt(m.distance)}; previous token ${fmt(m.prev_token)}; masked mass ${fmt(m.masked_mass, 1)}`;
     heat.dataset.layer = l; heat.dataset.head = h;

@@ -271,8 +271,9 @@ class _Overlay:
 
 def _window_overlay(window: int) -> _Overlay:
     """HF's ``sliding_window_overlay(W)``: keys newer than ``q - W``; with causal, ``sliding_window(W)``."""
-    return _Overlay("window", window, masks.sliding_window(window),
-                    masks.custom(lambda b, h, q, kv: kv > q - window, name=f"window_overlay({window})"))
+    alone = masks.custom(lambda b, h, q, kv: kv > q - window, name=f"window_overlay({window})")
+    # W < 1 (Qwen2-MoE builds its unused sliding mask from sliding_window=0) sees nothing: the overlay & causal says so
+    return _Overlay("window", window, masks.sliding_window(window) if window >= 1 else alone & masks.causal(), alone)
 
 
 def _alone(part):
