@@ -42,6 +42,7 @@ from attnkit.backends.relative import (
     relative_groups,
     segment_rows,
 )
+from attnkit.backends.sinks import attention_with_sinks, sink_reasons
 from attnkit.backends.tiled import tiled_attention
 from attnkit.backends.varlen import document_runs, run_documents
 from attnkit.functional.reference import expand_kv, propagate_nan_queries
@@ -71,6 +72,7 @@ KEY_ROW_MIN_QUERIES = 768
 class BlockSparseBackend:
     name = "blocksparse"
     ranks_by_signature = True  # supports/rank read the call's signature and prepared mask (its memo) only
+    serves_sinks = True  # on its SDPA pieces (each holds whole rows), through the flash kernel's log-sum-exp
     traceable = False  # data-dependent plans (block covers, bool(...) checks) break torch.compile graphs
 
     def rank(self, call: AttentionCall) -> Rank:
@@ -99,7 +101,10 @@ class BlockSparseBackend:
             reasons.append("blocksparse does not return attention weights (use backend='math')")
         if call.bias_needs_grad:
             reasons.append("blocksparse gives no gradient to the bias (use backend='sdpa' or 'math' to train a bias)")
-        return reasons
+        if call.sinks is not None and not _allow_causal(call):
+            reasons.append("blocksparse serves attention sinks on its SDPA pieces, not with a bias or softcap (its tiled "
+                           "kernel has none; use backend='eager' or 'math')")
+        return reasons + sink_reasons(call, "blocksparse")
 
     def work(self, call: AttentionCall) -> dict[str, float]:
         """What it computes (:func:`attnkit.backends.cost.blocksparse_work`): its plans' pieces or document runs."""
@@ -351,10 +356,13 @@ def _run_group(call, pieces, mode, q, k, v, rows, q_map, kv_map) -> torch.Tensor
         attn_mask, empty = _piece_mask(pieces, call.prepared, rows, q_map, kv_map)
         attn_mask = attn_mask.expand(T, R, *attn_mask.shape[2:]).flatten(0, 1)  # (T*R, H|1, lq, lk)
         empty = empty.expand(T, R, *empty.shape[2:]).flatten(0, 1)  # (T*R, H|1, lq, 1)
-    out = F.scaled_dot_product_attention(
-        qs, ks, vs, attn_mask=attn_mask, dropout_p=call.dropout_p, is_causal=mode == "causal",
-        scale=call.scale, enable_gqa=call.num_kv_heads != call.num_heads,
-    )  # (T*R, H, lq, Dv)
+    if call.sinks is not None:  # a piece holds whole rows: its log-sum-exp is the row's (backends.sinks)
+        out = attention_with_sinks(qs, ks, vs, call.sinks, attn_mask, mode == "causal", call.scale)  # (T*R, H, lq, Dv)
+    else:
+        out = F.scaled_dot_product_attention(
+            qs, ks, vs, attn_mask=attn_mask, dropout_p=call.dropout_p, is_causal=mode == "causal",
+            scale=call.scale, enable_gqa=call.num_kv_heads != call.num_heads,
+        )  # (T*R, H, lq, Dv)
     if empty is not None:
         out = out.masked_fill(empty, 0.0)
     return out.view(T, R, H, *out.shape[2:])  # (T, R, H, lq, Dv)

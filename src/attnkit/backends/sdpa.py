@@ -24,6 +24,7 @@ from attnkit._bias import StructuredBias
 from attnkit._validation import AttentionCall
 from attnkit.backends.base import Rank, skippable_structure
 from attnkit.backends.cost import dense_work
+from attnkit.backends.sinks import attention_with_sinks, sink_reasons
 from attnkit.functional.reference import propagate_nan_queries
 from attnkit.masks import is_plain_causal
 
@@ -45,6 +46,7 @@ class SDPABackend:
     name = "sdpa"
     ranks_by_signature = True  # supports/rank read the call's signature and prepared mask only
     traceable = True
+    serves_sinks = True  # on the CPU, through the flash kernel's log-sum-exp (backends.sinks)
 
     def available(self) -> list[str]:
         return [] if hasattr(F, "scaled_dot_product_attention") else ["torch lacks scaled_dot_product_attention"]
@@ -55,7 +57,7 @@ class SDPABackend:
             reasons.append("SDPA does not return attention weights (use return_weights=False, or backend='math')")
         if call.softcap is not None:
             reasons.append("SDPA has no logit softcap")
-        return reasons
+        return reasons + sink_reasons(call, "sdpa")
 
     def _mode(self, call: AttentionCall) -> str:
         """'none', 'causal' (is_causal flag), or 'dense' (materialised mask)."""
@@ -103,7 +105,7 @@ class SDPABackend:
         folds) reads only what a plain call's lane key fixes (``backends.lane``), so it serves every call of it."""
         mode = self._mode(call)
         is_causal, dense, gqa = mode == "causal", mode == "dense", call.num_kv_heads != call.num_heads
-        fold = gqa and _foldable(call, is_causal, _mask_heads(call))
+        fold = gqa and call.sinks is None and _foldable(call, is_causal, _mask_heads(call))
         eager_cpu = call.q.is_cpu and not torch.compiler.is_compiling()  # (device in the key; lanes never compile)
 
         def run(c: AttentionCall) -> torch.Tensor:
@@ -112,7 +114,9 @@ class SDPABackend:
                 bias = c.bias.materialize(*c.positions()) if isinstance(c.bias, StructuredBias) else c.bias
                 bias = bias.to(_bias_dtype(c.q))
                 attn_mask = bias if attn_mask is None else bias.masked_fill(~attn_mask, float("-inf"))
-            if fold:
+            if c.sinks is not None:  # the flash kernel's log-sum-exp takes the sinks' share out (backends.sinks)
+                out = attention_with_sinks(c.q, c.k, c.v, c.sinks, attn_mask, is_causal, c.scale)  # (B, H, Lq, Dv)
+            elif fold:
                 out = _folded(c, attn_mask)  # (B, H, Lq, Dv)
             else:
                 out = F.scaled_dot_product_attention(
