@@ -124,6 +124,7 @@ def cli_tokens(args, source):
     target's tokenizer; a model without one is told about ``--ids``."""
     from attnkit.diagnostics.report import tokenize
     from attnkit.errors import AttnkitValueError
+    from attnkit.integrations.remote_code import RemoteCodeRefused
 
     model = source.model
     if args.ids:
@@ -131,6 +132,8 @@ def cli_tokens(args, source):
     text = DEFAULT_TEXT if args.text is None else args.text
     try:
         return tokenize(model, text, source.hf_tokenizer)
+    except RemoteCodeRefused:
+        raise  # a tokenizer that asks to run the folder's code is refused by name (its message says what to do)
     except AttnkitValueError as exc:
         if "tokenizer" not in str(exc):
             raise
