@@ -10,7 +10,7 @@ import torch
 
 import attnkit as ak
 from attnkit import _validation
-from attnkit.backends import registry, sdpa
+from attnkit.backends import cost, registry, sdpa
 from attnkit.backends.base import Rank
 from attnkit.errors import AttnkitTypeError, AttnkitValueError
 from attnkit.functional.reference import reference_attention
@@ -41,7 +41,8 @@ def folded_calls(monkeypatch):
         return real(call, attn_mask)
 
     monkeypatch.setattr(sdpa, "_folded", spy)
-    return calls
+    with cost.use(None):  # (routing by rank, where SDPA serves these decode calls: the tests check its fold)
+        yield calls
 
 
 MASKS = {
@@ -201,16 +202,19 @@ def test_a_backend_that_does_not_rank_by_signature_turns_the_memo_off():
         registry.unregister("moody")
 
 
-def test_mask_structure_and_data_are_part_of_the_choice():
-    q = torch.randn(1, 2, 64, 8)
-    docs = torch.arange(64)[None] // 16
-    # the same shapes: a pure causal mask (SDPA's flag), then packed documents (blocksparse's separate sequences)
-    assert _chosen(q, q, q, M.causal()) == "sdpa"
-    assert _chosen(q, q, q, M.document(docs) & M.causal()) == "blocksparse"
-    assert _chosen(q, q, q, M.causal()) == "sdpa"
-    shuffled = docs.clone()
-    shuffled[0, 40] = 0  # a document id that comes back later: not separate sequences any more
-    assert _chosen(q, q, q, M.document(shuffled) & M.causal()) == "sdpa"
+@pytest.mark.parametrize("routing", ["rank", "cost"])
+def test_mask_structure_and_data_are_part_of_the_choice(routing):
+    L = 64 if routing == "rank" else 2048  # (by predicted cost, separate sequences pay off on longer calls)
+    q = torch.randn(1, 2, L, 8)
+    docs = torch.arange(L)[None] // (L // 4)
+    with cost.use(None if routing == "rank" else cost.DEFAULT_CALIBRATION):
+        # the same shapes: a pure causal mask (SDPA's flag), then packed documents (blocksparse's separate sequences)
+        assert _chosen(q, q, q, M.causal()) == "sdpa"
+        assert _chosen(q, q, q, M.document(docs) & M.causal()) == "blocksparse"
+        assert _chosen(q, q, q, M.causal()) == "sdpa"
+        shuffled = docs.clone()
+        shuffled[0, L - 10:] = 0  # a document id that comes back later: not separate sequences any more
+        assert _chosen(q, q, q, M.document(shuffled) & M.causal()) == ("sdpa" if routing == "rank" else "blocksparse")
 
 
 def test_untraceable_backends_are_skipped_while_compiling(monkeypatch):

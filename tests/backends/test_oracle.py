@@ -330,3 +330,39 @@ def test_custom_masks_of_numbers_are_one_typed_refusal(backend, fn):
         run(q, k, v, M.custom(fn))
     with pytest.raises(ak.errors.AttnkitTypeError, match=rf"custom mask fn '{fn.__name__}' must return a bool"):
         run(q, k, v, M.prepare(M.custom(fn), 20))  # prepared once per forward, as a model does: the same refusal
+
+
+# Attention sinks (gpt-oss, issue 32 item 3): every backend that declares them, every mask kind, float32 and bf16,
+# outputs and the gradients of q, k, v and the sinks against the float64 reference; rows that see no key stay 0
+SINK_SHAPES = {"gqa-65-d59": SHAPE_BY_ID["gqa-65-d59"], "mqa-63x129": SHAPE_BY_ID["mqa-63x129"],
+               "decode-1x127": SHAPE_BY_ID["decode-1x127"]}
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("shape_id", list(SINK_SHAPES))
+@pytest.mark.parametrize("mask_name", list(MASKS))
+def test_sinks_against_reference(device, backend, dtype, shape_id, mask_name):
+    if backend not in GRID_BACKENDS[device]:
+        pytest.skip(f"{backend} is not in the {device} grid (see the module docstring)")
+    q, k, v, mask, _ = _case(device, dtype, SINK_SHAPES[shape_id], mask_name, "plain")
+    H = q.shape[1]
+    sinks = (torch.randn(H, generator=torch.Generator().manual_seed(3)) * 2).to(device, dtype)  # some take real mass
+    reasons = ak.backends.get(backend).supports(build_call(q, k, v, mask, sinks=sinks))
+    if reasons:
+        with pytest.raises(BackendUnsupportedError, match="can't serve this call"):
+            ak.attention(q, k, v, mask, sinks=sinks, backend=backend)
+        assert device != "cpu" or backend == "flex", f"{backend} refused sinks on the CPU: {reasons}"
+        return
+    out, grads = run_with_grads(lambda q, k, v, s: ak.attention(q, k, v, mask, sinks=s, backend=backend),
+                                [q, k, v, sinks])
+    ref, ref_grads = run_with_grads(lambda q, k, v, s: ak.reference_attention(q, k, v, mask, sinks=s), [q, k, v, sinks])
+    gold, gold_grads = run_with_grads(lambda q, k, v, s: ak.reference_attention(q, k, v, mask, sinks=s),
+                                      [t.double() for t in (q, k, v, sinks)])
+    assert out.dtype == dtype
+    assert_within_rule(out, ref, gold, what=f"{backend} output with sinks")
+    for name, got, r, gg in zip(("q", "k", "v", "sinks"), grads, ref_grads, gold_grads):
+        assert_within_rule(got, r, gg, factor=3.0, what=f"{backend} grad {name} with sinks")
+    empty = (gold == 0).all(dim=-1)  # (B, H, Lq): rows that see no key
+    assert torch.equal(out[empty], torch.zeros_like(out[empty])), f"{backend}: a row that sees no key is not 0"

@@ -1,4 +1,6 @@
-"""The router's choices (which backend for which request) and what explain() says. Not timed."""
+"""The router's rank layer: which backend for which request when no calibration prices the call (``cost.use(None)``:
+auto by rank alone, as on a device without a calibration, and for backends without ``work``), and what explain()
+says. Routing by predicted cost: test_cost_routing.py. Not timed."""
 
 from __future__ import annotations
 
@@ -6,7 +8,7 @@ import pytest
 import torch
 
 import attnkit as ak
-from attnkit.backends import flex
+from attnkit.backends import cost, flex
 from attnkit.errors import BackendUnsupportedError
 
 M = ak.masks
@@ -21,7 +23,8 @@ def qkv(L=4096, Lq=None, grad=False, H=4):
 @pytest.fixture(autouse=True)
 def _no_flex_opt_in():
     flex.allow_cpu_compile(False)
-    yield
+    with cost.use(None):
+        yield
     flex._STATE["cpu_compile"] = None
 
 
@@ -34,7 +37,7 @@ def _no_flex_opt_in():
     (M.causal(), {"bias": "alibi"}, 128, None, "sdpa"),  # shorter: the dense bias costs little
     (M.causal() & M.padding([200]), {"bias": "alibi"}, 1024, None, "sdpa"),  # not offset-only: per-piece path
     (M.sliding_window(256), {}, 4096, None, "blocksparse"),
-    (M.sliding_window(256), {}, 2048, None, "sdpa"),  # short: a dense mask costs little
+    (M.sliding_window(256), {}, 2048, None, "sdpa"),  # short: ranked below SDPA (by rank alone)
     (M.sliding_window(256), {}, 4096, 1, "sdpa"),  # a decode step: one query row
     (M.causal(), {}, 4096, 64, "sdpa"),  # chunked prefill of a few rows against a cache
     (M.causal() & M.strided(64), {}, 4096, None, "blocksparse"),

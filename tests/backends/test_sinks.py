@@ -43,10 +43,23 @@ def test_only_backends_that_declare_sinks_serve_them():
     q = k = v = torch.randn(1, 2, 4, 8)
     sinks = torch.zeros(2)
     why = ak.explain(q, k, v, sinks=sinks)
-    assert why.chosen == "math"
-    assert any("serves_sinks" in r for r in why.reasons["sdpa"]), why.reasons
+    assert why.chosen in ("sdpa", "blocksparse", "eager", "math"), why.chosen
+    assert not why.reasons.get("sdpa"), why.reasons  # sdpa serves sinks (the flash kernel's log-sum-exp)
+    assert any("serves_sinks" in r for r in why.reasons["flex"]), why.reasons  # flex does not declare them
     with pytest.raises(BackendUnsupportedError, match=r"attention sinks \(sinks=\): this backend does not declare"):
-        ak.attention(q, k, v, sinks=sinks, backend="blocksparse")
+        ak.attention(q, k, v, sinks=sinks, backend="flex")
+
+
+def test_sinks_refusals_name_the_option():
+    q = k = v = torch.randn(1, 2, 4, 8)
+    sinks = torch.zeros(2)
+    with pytest.raises(BackendUnsupportedError, match="blocksparse serves attention sinks on its SDPA pieces, not with a "
+                                                      "bias or softcap"):
+        ak.attention(q, k, v, sinks=sinks, softcap=5.0, backend="blocksparse")
+    with pytest.raises(BackendUnsupportedError, match="sdpa has no dropout with attention sinks"):
+        ak.attention(q, k, v, sinks=sinks, dropout_p=0.1, backend="sdpa")
+    with pytest.raises(BackendUnsupportedError, match="blocksparse gives no gradient to a bias beside attention sinks"):
+        ak.attention(q, k, v, sinks=sinks, bias=torch.zeros(1, 2, 4, 4, requires_grad=True), backend="blocksparse")
 
 
 def test_sinks_must_be_one_float_logit_per_head():

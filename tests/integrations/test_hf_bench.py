@@ -112,3 +112,19 @@ def test_bench_hf_refuses_unknown_parts(tmp_path, capsys):
 
     assert main(["bench", "hf", "--parts", "training,speed", "--out", str(tmp_path)]) == 2
     assert "--parts 'training,speed': choose from training, minilm, generate" in capsys.readouterr().err
+
+
+def test_bench_hf_sliding_records_every_family_with_logits_equal_eager(tmp_path):
+    from attnkit.cli.main import main
+
+    code = main(["bench", "hf", "--parts", "sliding", "--sliding-lengths", "64", "--sliding-layers", "2",
+                 "--repeats", "1", "--out", str(tmp_path)])
+    assert code == 0
+    record = json.loads((tmp_path / "hf_sliding.json").read_text())
+    assert set(record["families"]) == {"mistral", "gemma3", "gpt_oss", "llama4_chunked"}
+    for family, block in record["families"].items():
+        row = block["lengths"]["64"]
+        assert row["max_logit_diff_vs_eager"] <= 1e-5, (family, row["max_logit_diff_vs_eager"])
+        want = {"attnkit", "eager"} | ({"sdpa"} if family != "gpt_oss" else set())
+        assert set(row["forward"]) == set(row["forward_backward"]) == want, family
+    assert record["families"]["gemma3"]["layers"] == 6  # 5 local : 1 global

@@ -102,7 +102,8 @@ def test_family_flag(tmp_path, capsys):
     assert main(["export", str(run), "--hf", str(tmp_path / "b"), "--family", "qwen2"]) == 2
     assert "the model has no exact qwen2 form: qkv_bias=None (needs True)" in capsys.readouterr().err
     assert main(["export", str(run), "--hf", str(tmp_path / "b"), "--family", "gemma2"]) == 2
-    assert ("--family 'gemma2' is not one of ['gpt2', 'llama', 'mistral', 'qwen2', 'bert']"
+    assert ("--family 'gemma2' is not one of ['gpt2', 'llama', 'mistral', 'qwen2', 'qwen3', 'smollm3', 'bert', "
+            "'gemma3_text']"
             in capsys.readouterr().err)
     assert main(["export", str(run), "--hf", str(tmp_path / "b"), "--family", "llama"]) == 2
     assert "LLaMA has no sliding window" in capsys.readouterr().err

@@ -1,5 +1,6 @@
-"""The backend protocol: one signature; every backend says whether it can serve a call (reasons when not)
-and how well (a :class:`Rank`), and ``backend="auto"`` sorts the registered backends by that rank.
+"""The backend protocol: one signature; every backend says whether it can serve a call (reasons when not),
+how well (a :class:`Rank`) and, optionally, what it will compute (``work``, priced into a predicted time);
+``backend="auto"`` takes the cheapest predicted capable backend (``backends.registry``).
 
 Adding a backend is one file and one ``ak.backends.register(MyBackend())``: nothing else lists backends.
 
@@ -19,7 +20,9 @@ from attnkit._validation import AttentionCall
 
 @dataclass(frozen=True)
 class Rank:
-    """How well a backend serves a call: the highest ``score`` wins (ties: registration order).
+    """How well a backend serves a call. ``auto`` takes the cheapest *predicted* backend
+    (:mod:`attnkit.backends.cost`); the score decides for backends without a prediction (the highest wins, ties:
+    registration order) and a score below 0 keeps a backend out of ``auto`` altogether.
 
     The built-in scale: 40 flex (compiled, skips blocks), 30 one fused SDPA kernel is best, 20 a
     block-skipping path pays off, 10 SDPA with a dense mask on a long call, 5 blocksparse where SDPA is as good,
@@ -48,6 +51,10 @@ class Backend(Protocol):
     - ``traceable = False``: the backend can't run inside ``torch.compile``; ``auto`` skips it while compiling
       (a forced ``backend=`` name says why). Default: traceable.
     - ``serves_sinks = True``: it adds attention sinks to its softmax (others are refused calls with ``sinks=``).
+    - ``work(call) -> dict[str, float]``: what it will compute for ``call`` as named amounts
+      (:data:`attnkit.backends.cost.FEATURES`); ``auto`` prices them with the calibration in force and takes the
+      cheapest predicted backend. Without it (or without coefficients for it) the backend competes by rank: it
+      takes a call when its score is higher than the cheapest priced backend's.
     """
 
     name: str

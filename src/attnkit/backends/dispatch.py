@@ -28,7 +28,8 @@ def attention(q, k, v, mask=None, *, bias=None, scale=None, softcap=None, dropou
         backend: "auto" (fastest capable) or a name from ``ak.backends.available()``.
         return_weights: also return the probabilities ``(B, H, Lq, Lk)`` (before dropout).
         sinks: attention sinks, one learned logit per query head ``(H,)``: a column that takes probability mass
-            in the softmax and is dropped (gpt-oss), so rows sum to less than 1. Served by ``math``.
+            in the softmax and is dropped (gpt-oss), so rows sum to less than 1. Served by ``sdpa`` and
+            ``blocksparse`` (CPU), ``eager`` and ``math``.
 
     Returns:
         ``(B, H, Lq, Dv)``, or ``(out, weights)``. Rows with no visible key give 0; NaN inputs propagate to the

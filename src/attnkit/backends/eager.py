@@ -12,7 +12,7 @@ attention does, with attnkit's conventions kept:
 
 It materialises the ``(B, H, Lq, Lk)`` scores, so ``auto`` ranks it only for calls with a softcap of at most
 ``EAGER_MAX_ENTRIES`` query x key entries per head; it serves any mask, a float or structured bias and dropout,
-but not weights or sinks.
+and sinks, but not weights.
 
 Shape legend: B batch, H query heads, Hkv key/value heads, G = H // Hkv, Lq/Lk lengths, D/Dv head dims.
 """
@@ -25,6 +25,7 @@ import torch.nn.functional as F
 from attnkit._bias import StructuredBias
 from attnkit._validation import AttentionCall
 from attnkit.backends.base import Rank
+from attnkit.backends.cost import dense_work
 from attnkit.functional.reference import expand_kv, propagate_nan_queries
 
 #: the most query x key entries per head for which ``auto`` picks this backend (a softcap call): measured on a
@@ -38,6 +39,7 @@ class EagerBackend:
     name = "eager"
     ranks_by_signature = True  # supports/rank read the call's signature only
     traceable = True
+    serves_sinks = True  # a sink column joins the softmax, as in the reference
 
     def available(self) -> list[str]:
         return []
@@ -56,6 +58,10 @@ class EagerBackend:
                             "blocksparse's tiled kernel never holds the scores")
         return Rank(8, "a softcap, which no fused kernel has, on a short call: q k^T, softcap, mask, softmax, @ v "
                        "as a few PyTorch ops")
+
+    def work(self, call: AttentionCall) -> dict[str, float] | None:
+        """What it computes (``backends.cost``): the (B, H, Lq, Lk) scores, materialised, and a bias."""
+        return dense_work(call, scores=True, bias=call.bias is not None)
 
     def plan(self, call: AttentionCall) -> str:
         return "materialises the (B, H, Lq, Lk) scores in float32"
@@ -86,7 +92,11 @@ class EagerBackend:
             scores = scores.masked_fill(blocked, float("-inf"))
         if isinstance(call.bias, torch.Tensor):  # a float bias may be -inf at every key the mask leaves a row
             scores, empty = _open_bias_empty_rows(scores, empty)
-        probs = torch.softmax(scores, dim=-1)  # (B, H, Lq, Lk)
+        if call.sinks is None:
+            probs = torch.softmax(scores, dim=-1)  # (B, H, Lq, Lk)
+        else:  # one sink column per head takes probability mass and is dropped
+            sink = call.sinks.to(scores.dtype).view(1, H, 1, 1).expand(*scores.shape[:3], 1)  # (B, H, Lq, 1)
+            probs = torch.softmax(torch.cat([scores, sink], dim=-1), dim=-1)[..., :-1]  # (B, H, Lq, Lk)
         if call.dropout_p > 0:  # attention dropout: after softmax, before V
             probs = F.dropout(probs, p=call.dropout_p)
         out = probs @ v  # (B, H, Lq, Dv)

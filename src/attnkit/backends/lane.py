@@ -1,18 +1,19 @@
 """The plain lane: a call like an earlier one, but for its tensors' values, skips validation and routing.
 
 Most calls in a model are *plain*: q, k, v plain tensors; no bias, softcap, dropout, positions, sinks or weights;
-``backend="auto"``; a mask that is None, a ``causal()`` written in the call, or a prepared mask (every layer
-after the first of a forward); and nothing compiling. For such a call, what :func:`~attnkit._validation.build_call`
-checks and :func:`~attnkit.backends.registry.select` ranks is a function of exactly its **lane key**: q, k and
-v's shapes, dtypes and devices, whether autograd records (grad mode, each ``requires_grad``), the mask's kind
-(none, ``causal()``, or this prepared mask: then the entry lives in the prepared mask's own memo, whose data is
-fixed), and the registry's version and backend states. A registered backend that does not rank by signature is
-asked on every lane call and takes it when it ranks higher (:func:`~attnkit.backends.registry.overrule`). The first call of a key takes the full path and stores a
+``backend="auto"``; a mask that is None, a ``causal()`` written in the call, or a prepared mask (every layer after
+the first of a forward); and nothing compiling. For such a call, what :func:`~attnkit._validation.build_call`
+checks and :func:`~attnkit.backends.registry.select` ranks is a function of exactly its **lane key**: q, k and v's
+shapes, dtypes and devices, whether autograd records (grad mode, each ``requires_grad``), the mask's kind (none,
+``causal()``, or this prepared mask: then the entry lives in the prepared mask's own memo, whose data is fixed),
+and the registry's version, the calibration's (``backends.cost``) and the backend states. A registered backend that
+does not rank by signature is asked on every lane call and takes it when it ranks higher
+(:func:`~attnkit.backends.registry.overrule`). The first call of a key takes the full path and stores a
 :class:`Lane`: the fields the full path derived (the prepared mask the call uses, its positions) and the chosen
 backend's runner (``Backend.runner(call)``, optional: a callable that serves every call of the key exactly as
 ``backend(call)`` would; the backend itself when it has none). The next calls of the key build the
-:class:`AttentionCall` from those fields and run it: only the scale is checked per call (its value is not in
-the key). A memo serves only what it proves equal: anything outside the key makes the call take the full path.
+:class:`AttentionCall` from those fields and run it: only the scale is checked per call (its value is not in the
+key). A memo serves only what it proves equal: anything outside the key makes the call take the full path.
 
 Shape legend: B batch, H query heads, Hkv key/value heads, Lq/Lk lengths, D head dim.
 """

@@ -12,6 +12,9 @@ class MathBackend:
     ranks_by_signature = True  # supports/rank read the call's signature only
     traceable = True
     serves_sinks = True  # the reference adds the sink column to the softmax
+    # no ``work``: the fallback is never priced, so auto takes it only where no priced backend can serve (its
+    # rank, 0, never beats a priced backend's); in ``attnkit bench routing`` it was the fastest in no cell but
+    # the ones only it serves, and priced it was picked for short softcap calls at 1.7-2.3x the fastest's time
 
     def available(self) -> list[str]:
         return []

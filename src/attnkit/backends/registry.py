@@ -1,10 +1,14 @@
 """The backend registry and the router: ``select`` picks the backend for a call, ``explain`` says why.
 
 ``backend="auto"`` asks every registered, available backend whether it can serve the call
-(:meth:`Backend.supports`) and how well (:meth:`Backend.rank`, a score and a one-line reason), and takes
-the best; ties go to the backend registered first. The thresholds behind the scores live in the backends
-that use them (``blocksparse.SPARSE_MIN_KEYS``, ...). ``math`` serves every request, so there is always a
-choice. A backend registered with :func:`register` takes part at once: nothing else lists backends.
+(:meth:`Backend.supports`) and how well (:meth:`Backend.rank`, a score and a one-line reason), then takes the
+one with the cheapest **predicted time** (:mod:`attnkit.backends.cost`: the backend's ``work(call)``, what it
+will compute, priced by this machine's calibration). A rank below 0 means "can serve, but not unless asked"
+(flex compiling on CPU without permission): auto never takes it. A backend without a prediction (no ``work``,
+or no coefficients for it) competes by rank: it takes the call when its score is higher than the cheapest
+backend's; with no prediction at all the highest rank wins, ties going to the backend registered first.
+``math`` serves every request, so there is always a choice. A backend registered with :func:`register` takes
+part at once: nothing else lists backends.
 
 ``auto``'s choice is memoised among the backends that declare ``ranks_by_signature = True`` (their ``supports``
 and ``rank`` read nothing of a call but :meth:`AttentionCall.signature`, its prepared mask and the backend's
@@ -25,6 +29,7 @@ import torch
 
 from attnkit._memo import Memo
 from attnkit._validation import AttentionCall
+from attnkit.backends import cost
 from attnkit.backends.base import Backend, Rank
 from attnkit.backends.blocksparse import BlockSparseBackend
 from attnkit.backends.eager import EagerBackend
@@ -56,6 +61,8 @@ def register(backend: Backend) -> None:
     - no ``state()``: ``auto`` assumes its answers depend on nothing outside the call (changing a setting they
       read would not be seen by the memo).
     - no ``runner``: plain calls of a lane run ``backend(call)`` itself (nothing hoisted out of the call).
+    - no ``work``: no predicted time; it takes a call only when its rank score beats the cheapest priced
+      backend's (see the module docstring).
     - no ``traceable``: traceable assumed; no ``serves_sinks``: calls with ``sinks=`` are refused.
     """
     name = getattr(backend, "name", None)
@@ -121,8 +128,10 @@ class Explanation:
     chosen: str
     plan: str
     reasons: dict[str, list[str]] = field(default_factory=dict)
-    why: list[str] = field(default_factory=list)  # the chosen backend's own reason for its rank
+    why: list[str] = field(default_factory=list)  # the chosen backend's own reason for its rank, its prediction
     ranks: dict[str, Rank] = field(default_factory=dict)  # every capable backend's rank
+    costs: dict[str, cost.Cost] = field(default_factory=dict)  # every capable backend's predicted time and parts
+    calibration: str = ""  # where the coefficients came from (a cache file, the built-in defaults, pinned)
 
     def __str__(self) -> str:
         lines = [f"backend: {self.chosen} - {self.plan}"]
@@ -133,8 +142,11 @@ class Explanation:
             if why:
                 lines.append(f"  {name}: " + "; ".join(why))
             else:
-                rank = self.ranks.get(name)
-                lines.append(f"  {name}: could serve, ranks lower" + (f" ({rank.score:g}: {rank.reason})" if rank else ""))
+                rank, predicted = self.ranks.get(name), self.costs.get(name)
+                how = f"predicted {predicted}" if predicted is not None else "ranks lower"
+                lines.append(f"  {name}: could serve, {how}" + (f" ({rank.score:g}: {rank.reason})" if rank else ""))
+        if self.costs:
+            lines.append(f"  (predicted times from {self.calibration})")
         return "\n".join(lines)
 
 
@@ -177,13 +189,41 @@ def overrule(call: AttentionCall, chosen: Backend, score: float) -> Backend:
 
 
 def _best(call: AttentionCall, backends: dict[str, Backend]) -> tuple[Backend, float]:
-    best, best_score = _REGISTRY["math"], float("-inf")
+    """The cheapest predicted of the capable backends with a rank of at least 0 (negative: "can serve, but not
+    unless asked"), unless one without a prediction (no ``work``, or no coefficients for it) ranks higher than
+    it; by rank alone when none is priced. Returns the backend and its rank score."""
+    calibration = cost.active(call.q.device)
+    priced: tuple[float, Backend, float] | None = None
+    unpriced: tuple[float, Backend] | None = None
     for b in backends.values():
-        if not reasons_against(b, call):
-            score = b.rank(call).score
-            if score > best_score:  # (ties keep the first registered)
-                best, best_score = b, score
-    return best, best_score
+        if reasons_against(b, call):
+            continue
+        score = b.rank(call).score
+        predicted = predict(b, call, calibration) if score >= 0 else None
+        if predicted is not None:
+            if priced is None or predicted.seconds < priced[0]:  # (ties keep the first registered)
+                priced = (predicted.seconds, b, score)
+        elif unpriced is None or score > unpriced[0]:
+            unpriced = (score, b)
+    if priced is not None and (unpriced is None or unpriced[0] <= priced[2]):
+        return priced[1], priced[2]
+    if unpriced is not None:
+        return unpriced[1], unpriced[0]
+    return _REGISTRY["math"], float("-inf")
+
+
+def predict(backend: Backend, call: AttentionCall, calibration: cost.Calibration | None = None) -> cost.Cost | None:
+    """``backend``'s predicted time for ``call`` (None: it declares no ``work``, or the calibration has no
+    coefficients for it, its dtype and direction)."""
+    work = getattr(backend, "work", None)
+    calibration = cost.active(call.q.device) if calibration is None else calibration
+    if work is None or calibration is None or call.is_empty:  # (an empty call runs no kernel: any backend will do)
+        return None
+    coefficients = calibration.coefficients(backend.name, call.q.dtype, cost.direction(call))
+    if coefficients is None:  # (asked first: a plan is built only for a backend that can be priced)
+        return None
+    amounts = work(call)
+    return None if amounts is None else cost.price(amounts, coefficients)
 
 
 def _by_signature() -> dict[str, Backend]:
@@ -206,12 +246,12 @@ def asked_per_call() -> bool:
 
 
 def routing_state() -> Hashable:
-    """What auto's memoised choice reads besides the call: the registry's version and the ``state()`` of every
-    backend that ranks by signature."""
+    """What auto's memoised choice reads besides the call: the registry's version, the calibration's
+    (:mod:`attnkit.backends.cost`) and the ``state()`` of every backend that ranks by signature."""
     state_fns = _routing_states()[1]
     if len(state_fns) == 1:  # (the built-in registry: flex's; no comprehension frame on every call)
-        return _VERSION[0], state_fns[0]()
-    return _VERSION[0], tuple([state() for state in state_fns])
+        return _VERSION[0], cost._VERSION[0], state_fns[0]()
+    return _VERSION[0], cost._VERSION[0], tuple([state() for state in state_fns])
 
 
 def _choice_key(call: AttentionCall) -> Hashable | None:
@@ -226,10 +266,23 @@ def _choice_key(call: AttentionCall) -> Hashable | None:
 def explain_call(call: AttentionCall, backend: str = "auto") -> Explanation:
     reasons = {name: reasons_against(b, call) for name, b in _REGISTRY.items()}
     ranks = dict(ranking(call))
+    calibration = cost.active(call.q.device)
+    costs = {name: c for name in ranks if (c := predict(_REGISTRY[name], call, calibration)) is not None}
+    source = calibration.source if calibration is not None else ""
     if backend != "auto":
         get(backend)
         if reasons[backend]:
-            return Explanation(backend, "can't serve this call: " + "; ".join(reasons[backend]), reasons, [], ranks)
+            return Explanation(backend, "can't serve this call: " + "; ".join(reasons[backend]), reasons, [], ranks,
+                               costs, source)
     chosen = select(call, backend)
-    why = [ranks[chosen.name].reason] if backend == "auto" else [f"backend={backend!r} asked for"]
-    return Explanation(chosen.name, chosen.plan(call), reasons, why, ranks)
+    if backend != "auto":
+        why = [f"backend={backend!r} asked for"]
+    else:
+        why = [ranks[chosen.name].reason] if chosen.name in ranks else []
+        if chosen.name in costs:
+            others = len([n for n in costs if ranks[n].score >= 0])
+            why.append(f"predicted {costs[chosen.name]}: the cheapest of {others} priced backends" if others > 1
+                       else f"predicted {costs[chosen.name]}: the only priced backend that can serve it")
+        elif costs:
+            why.append("no predicted time: it ranks above the cheapest priced backend")
+    return Explanation(chosen.name, chosen.plan(call), reasons, why, ranks, costs, source)

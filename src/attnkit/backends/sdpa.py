@@ -23,6 +23,8 @@ import torch.nn.functional as F
 from attnkit._bias import StructuredBias
 from attnkit._validation import AttentionCall
 from attnkit.backends.base import Rank, skippable_structure
+from attnkit.backends.cost import dense_work
+from attnkit.backends.sinks import attention_with_sinks, sink_reasons
 from attnkit.functional.reference import propagate_nan_queries
 from attnkit.masks import is_plain_causal
 
@@ -44,6 +46,7 @@ class SDPABackend:
     name = "sdpa"
     ranks_by_signature = True  # supports/rank read the call's signature and prepared mask only
     traceable = True
+    serves_sinks = True  # on the CPU, through the flash kernel's log-sum-exp (backends.sinks)
 
     def available(self) -> list[str]:
         return [] if hasattr(F, "scaled_dot_product_attention") else ["torch lacks scaled_dot_product_attention"]
@@ -54,7 +57,7 @@ class SDPABackend:
             reasons.append("SDPA does not return attention weights (use return_weights=False, or backend='math')")
         if call.softcap is not None:
             reasons.append("SDPA has no logit softcap")
-        return reasons
+        return reasons + sink_reasons(call, "sdpa")
 
     def _mode(self, call: AttentionCall) -> str:
         """'none', 'causal' (is_causal flag), or 'dense' (materialised mask)."""
@@ -70,6 +73,12 @@ class SDPABackend:
         if structure is None:
             return Rank(30, "no mask, a causal mask SDPA can flag, or a dense tensor: one fused SDPA kernel")
         return Rank(10, f"{structure}: SDPA needs it as a dense tensor and skips no block")
+
+    def work(self, call: AttentionCall) -> dict[str, float]:
+        """What it computes, for the router's predicted time (``backends.cost``): every Lq x Lk entry (half under
+        the causal flag), the dense mask read per entry, a bias materialised."""
+        mode = self._mode(call)
+        return dense_work(call, causal=mode == "causal", mask=mode == "dense", bias=call.bias is not None)
 
     def plan(self, call: AttentionCall) -> str:
         mode = self._mode(call)
@@ -96,7 +105,7 @@ class SDPABackend:
         folds) reads only what a plain call's lane key fixes (``backends.lane``), so it serves every call of it."""
         mode = self._mode(call)
         is_causal, dense, gqa = mode == "causal", mode == "dense", call.num_kv_heads != call.num_heads
-        fold = gqa and _foldable(call, is_causal, _mask_heads(call))
+        fold = gqa and call.sinks is None and _foldable(call, is_causal, _mask_heads(call))
         eager_cpu = call.q.is_cpu and not torch.compiler.is_compiling()  # (device in the key; lanes never compile)
 
         def run(c: AttentionCall) -> torch.Tensor:
@@ -105,7 +114,9 @@ class SDPABackend:
                 bias = c.bias.materialize(*c.positions()) if isinstance(c.bias, StructuredBias) else c.bias
                 bias = bias.to(_bias_dtype(c.q))
                 attn_mask = bias if attn_mask is None else bias.masked_fill(~attn_mask, float("-inf"))
-            if fold:
+            if c.sinks is not None:  # the flash kernel's log-sum-exp takes the sinks' share out (backends.sinks)
+                out = attention_with_sinks(c.q, c.k, c.v, c.sinks, attn_mask, is_causal, c.scale)  # (B, H, Lq, Dv)
+            elif fold:
                 out = _folded(c, attn_mask)  # (B, H, Lq, Dv)
             else:
                 out = F.scaled_dot_product_attention(

@@ -28,7 +28,8 @@ import torch
 import torch.nn.functional as F
 
 import attnkit as ak
-from attnkit.bench.common import RESULTS_DIR, round_robin, write_results
+from attnkit._timing import round_robin
+from attnkit.bench.common import RESULTS_DIR, write_results
 from attnkit.bench.plots import line_panels
 
 SUMMARY = "per-call cost of ak.attention over a direct SDPA call, and decode-step attention vs the best SDPA call"

@@ -9,6 +9,8 @@
    the package's own sentence-transformers model against the same weights through attnkit (HF ``AutoModel``
    with ``attn_implementation="attnkit"``, mean pooling + L2 norm), and HF ``sdpa`` with the same pooling.
 3. Greedy ``generate`` tokens/s per model family and cache (``--parts generate``: :mod:`attnkit.bench.hf_generate`).
+4. Sliding-window and hybrid families (``--parts sliding``: :mod:`attnkit.bench.hf_sliding`): Mistral, Gemma-3,
+   gpt-oss (sinks), Llama-4-style chunked, against sdpa and eager, forward and forward + backward, per length.
 
 Medians of round-robin runs (contenders in a fresh random order each round) on whatever machine runs it; the
 CPUs we have are shared, so read the ratios.
@@ -22,8 +24,11 @@ import os
 
 import torch
 
-from attnkit.bench.common import RESULTS_DIR, round_robin, write_results
+from attnkit._timing import round_robin
+from attnkit.bench.common import RESULTS_DIR, write_results
 from attnkit.bench.hf_generate import CountCalls, generate_speed
+from attnkit.bench.hf_sliding import FAMILIES as SLIDING_FAMILIES
+from attnkit.bench.hf_sliding import family_rows
 from attnkit.errors import AttnkitError, AttnkitValueError
 
 SUMMARY = "Hugging Face models with attn_implementation='attnkit' vs 'sdpa' (sliding window at 4096; MiniLM; generate)"
@@ -43,7 +48,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--skip-minilm", action="store_true")
     parser.add_argument("--parts", default="training,minilm,generate",
                         help="comma-separated: training (sliding window, hf.json), minilm (hf.json), generate "
-                             "(greedy generate tokens/s, hf_generate.json)")
+                             "(greedy generate tokens/s, hf_generate.json), sliding (Mistral, Gemma-3, gpt-oss, "
+                             "Llama-4 chunked vs sdpa and eager, hf_sliding.json)")
+    parser.add_argument("--sliding-lengths", default="1024,2048,4096", help="sliding: comma-separated lengths")
+    parser.add_argument("--sliding-layers", type=int, default=4,
+                        help="sliding: layers (Gemma-3 at least 6: 5 local : 1 global; Llama-4 at least 4)")
+    parser.add_argument("--sliding-families", default=",".join(SLIDING_FAMILIES),
+                        help=f"sliding: comma-separated from {', '.join(SLIDING_FAMILIES)}")
     parser.add_argument("--gen-layers", type=int, default=8)
     parser.add_argument("--gen-dim", type=int, default=256)
     parser.add_argument("--gen-prompt", type=int, default=16)
@@ -182,11 +193,13 @@ def minilm_throughput(args) -> dict | None:
 
 def run(args) -> int:
     parts = {p.strip() for p in args.parts.split(",") if p.strip()}
-    unknown = parts - {"training", "minilm", "generate"}
+    unknown = parts - {"training", "minilm", "generate", "sliding"}
     if unknown or not parts:
-        raise AttnkitValueError(f"--parts {args.parts!r}: choose from training, minilm, generate (comma-separated), "
-                           f"got unknown {sorted(unknown)}.")
+        raise AttnkitValueError(f"--parts {args.parts!r}: choose from training, minilm, generate, sliding "
+                                f"(comma-separated), got unknown {sorted(unknown)}.")
     torch.manual_seed(0)
+    if "sliding" in parts:
+        _sliding(args)
     if "generate" in parts:
         gen = generate_speed(args)
         c = gen["config"]
@@ -231,3 +244,35 @@ def _training_and_minilm(args, parts: set[str]) -> int:
     }, args.out)
     print(f"wrote {path}")
     return 0
+
+
+def _sliding(args) -> None:
+    families = [f.strip() for f in args.sliding_families.split(",") if f.strip()]
+    bad = [f for f in families if f not in SLIDING_FAMILIES]
+    if bad or not families:
+        raise AttnkitValueError(f"--sliding-families {args.sliding_families!r}: choose from "
+                                f"{', '.join(SLIDING_FAMILIES)} (comma-separated), got {bad}.")
+    try:
+        lengths = [int(x) for x in args.sliding_lengths.split(",") if x.strip()]
+    except ValueError:
+        lengths = []
+    if not lengths or min(lengths) < 1:
+        raise AttnkitValueError(f"--sliding-lengths {args.sliding_lengths!r}: give positive lengths, e.g. 1024,2048.")
+    load_start = list(os.getloadavg())
+    results = {}
+    for family in families:
+        block = results[family] = family_rows(family, lengths, args.sliding_layers, args.repeats, args.batch)
+        for L, row in block["lengths"].items():
+            base = row["baseline"]
+            for step in ("forward", "forward_backward"):
+                cells = ", ".join(f"{impl} x{r['vs_' + base]:.2f}" for impl, r in row[step].items())
+                print(f"{family} L={L} {step}: {cells} vs {base}; max |logits - eager| "
+                      f"{row['max_logit_diff_vs_eager']:.1e}")
+    path = write_results("hf_sliding", {
+        "families": results, "device": args.device, "threads": torch.get_num_threads(),
+        "load_average_1_5_15_min_at_start": load_start, "load_average_1_5_15_min_at_end": list(os.getloadavg()),
+        "notes": "Medians of round-robin runs (fresh random order each round), forward under no_grad and forward + "
+                 "backward of the LM loss; random weights from transformers' config classes (hidden 256, 8/2 heads, "
+                 "window/chunk 128). gpt-oss has no transformers sdpa path (its sinks): its baseline is eager.",
+    }, args.out)
+    print(f"wrote {path}")

@@ -42,6 +42,7 @@ def run(args) -> int:
     import torch
 
     from attnkit import _files
+    from attnkit.diagnostics.detectors import detect_heads, top_heads
     from attnkit.diagnostics.importance import head_importance
     from attnkit.diagnostics.viz import PNG
     from attnkit.errors import AttnkitValueError
@@ -61,15 +62,22 @@ def run(args) -> int:
         raise AttnkitValueError(f"--text is {ids.shape[1]} tokens but {args.target} has position embeddings for "
                                 f"{limit}; shorten the text to at most {limit} tokens.")
     result = head_importance(model, ids, ablation=args.ablation)
+    detected = detect_heads(model, ids)  # one more forward: TransformerLens' detector scores per head
     if args.out is not None:
         result.figure(args.out, name=display_name(source.target), overwrite=args.overwrite)
     if args.json:
         print(json.dumps({"target": args.target, **result.to_dict(),
+                          "detectors": {k: [[None if v != v else round(v, 6) for v in row] for row in t.tolist()]
+                                        for k, t in detected.items()},
                           **({"figure": str(args.out)} if args.out else {})}, indent=1))
         return 0
     print(f"{display_name(source.target)}: {result.length} tokens, objective {result.objective} ({result.description}); "
           f"intact model: {result.baseline:.4g}; {args.ablation} ablation of one head at a time")
     print(table(result.ranking(), args.top, result.unit))
+    print("head detectors (TransformerLens detect_head score: share of attention where such a head attends; "
+          "duplicate and induction need repeated tokens):")
+    for name, scores in detected.items():
+        print(f"  {name:16s} " + ", ".join(f"L{lh[0]} H{lh[1]} {v:.3f}" for lh, v in top_heads(scores)))
     if args.out is not None:
         print(f"wrote {args.out}")
     return 0

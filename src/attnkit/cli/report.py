@@ -4,6 +4,7 @@
     attnkit report tiny --text "hello" --out tiny.html        # a preset with fresh weights
     attnkit report path/to/hf_model --text "Attention is all you need."   # a Hugging Face folder (eager weights)
     attnkit report path/to/saved_config_model --ids --text "5 9 12 5 9 12"  # a folder without a tokenizer
+    attnkit report runs/demo --text "def forward(self" --generate 32      # + where each generated token looked
 
 Targets are those of ``attnkit doctor`` (presets, run or checkpoint folders, Hugging Face folders, hf-*-tiny).
 The page opens from disk with no network; the command prints what the page shows (every weight, or past
@@ -47,6 +48,9 @@ def add_parser(sub) -> None:
     p.add_argument("--heads", choices=["zero", "mean"], default=None, metavar="ABLATION",
                    help="add the head-importance panel: each head removed in turn (zero or mean ablation), the loss "
                         "change on the text (as `attnkit heads`; one forward per head)")
+    p.add_argument("--generate", type=int, default=None, metavar="N",
+                   help="continue the text greedily for N tokens and show, for each new token, which earlier tokens "
+                        "it attended to in every layer and head (a causal LM)")
     p.set_defaults(run=run)
 
 
@@ -55,15 +59,18 @@ def run(args) -> int:
 
     import torch
 
-    from attnkit.diagnostics.report import MAX_TOKENS, check_length, check_out, report, shown
+    from attnkit._files import check_text
+    from attnkit.diagnostics.report import MAX_TOKENS, check_length, check_out, labeler, report, shown
     from attnkit.diagnostics.report.encode import human_bytes
-    from attnkit.diagnostics.report.out import check_text
+    from attnkit.errors import AttnkitValueError
     from attnkit.runs import locate, open_source
 
     for flag in ("target", "text", "title", "compare", "out"):  # undecodable bytes: one typed line, no traceback
         if getattr(args, flag) is not None:
             check_text(f"--{flag}" if flag != "target" else "TARGET", str(getattr(args, flag)))
     check_ids_text(args)
+    if args.generate is not None and args.generate < 1:
+        raise AttnkitValueError(f"--generate must be >= 1 (new tokens to follow the text), got {args.generate}.")
     target = locate(args.target)
     if args.compare is not None:  # before the model loads and the doctor runs: a missing checkpoint costs nothing
         locate(args.compare, name="--compare")
@@ -92,7 +99,8 @@ def run(args) -> int:
     compare, importance, extra_s = _extras(args, model, ids)
     path = report(model, ids, labels=labels, out=out, overwrite=args.overwrite, doctor=doctor, fresh=fresh,
                   metrics=metrics, title=title, dense_max=args.dense_max, top_k=args.top_k, max_tokens=max_tokens,
-                  compare=compare, names=(args.target, args.compare or "compare"), head_importance=importance)
+                  compare=compare, names=(args.target, args.compare or "compare"), head_importance=importance,
+                  generate=args.generate, label_of=labeler(model, source.hf_tokenizer, not args.ids))
     done = time.perf_counter()
     print(f"shown: {as_typed(shown(ids.shape[1], args.dense_max, args.top_k))}")
     print(f"time: {done - start:.1f} s (loading {loaded - start:.1f} s, "
@@ -116,6 +124,7 @@ def cli_tokens(args, source):
     target's tokenizer; a model without one is told about ``--ids``."""
     from attnkit.diagnostics.report import tokenize
     from attnkit.errors import AttnkitValueError
+    from attnkit.integrations.remote_code import RemoteCodeRefused
 
     model = source.model
     if args.ids:
@@ -123,6 +132,8 @@ def cli_tokens(args, source):
     text = DEFAULT_TEXT if args.text is None else args.text
     try:
         return tokenize(model, text, source.hf_tokenizer)
+    except RemoteCodeRefused:
+        raise  # a tokenizer that asks to run the folder's code is refused by name (its message says what to do)
     except AttnkitValueError as exc:
         if "tokenizer" not in str(exc):
             raise
@@ -130,8 +141,8 @@ def cli_tokens(args, source):
                                 "--ids --text \"1 5 7\".") from exc
 
 
-def token_ids(text: str, vocab_size: int | None = None, option: str = "--text") -> tuple[torch.Tensor, list[str]]:
-    """``(tokens (1, L), labels)`` from token ids written as text (``"1 5 7"``, commas allowed), for a model
+def token_ids(text: str, vocab_size: int | None = None, option: str = "--text") -> tuple:
+    """``(tokens (1, L) int64 tensor, labels)`` from token ids written as text (``"1 5 7"``, commas allowed), for a model
     without a tokenizer (``--ids`` of ``report``, ``heads`` and ``generate``); each id is checked against
     ``vocab_size``. The labels are the ids."""
     import torch

@@ -22,9 +22,10 @@ Heads are ``(layer, head)`` pairs. ``layer``: for attnkit models the index of th
 :class:`~attnkit.nn.MultiHeadAttention` module in ``model.named_modules()`` order (the block index of a
 ``TransformerLM``; linear-attention layers are not counted), found by hooks on those modules; for other models
 (Hugging Face) the index of the attention call within one forward of ``model`` (a forward pre-hook on ``model``
-restarts the count), which is the i-th softmax attention layer (a hybrid's linear-attention layers make no call). ``head`` is a query head (with GQA, one of the
-H query heads, not a KV head). Out-of-range pairs raise a ``ValueError`` before the forward when the model's
-structure tells its layers (:func:`attention_layout`), else while it runs.
+restarts the count), which is the i-th softmax attention layer (a hybrid's linear-attention layers make no
+call). ``head`` is a query head (with GQA, one of the H query heads, not a KV head). Out-of-range pairs raise a
+``ValueError`` before the forward when the model's structure tells its layers (:func:`attention_layout`), else
+while it runs.
 
 In an attnkit ``model``, attention calls made outside its ``MultiHeadAttention`` modules are left alone (so
 ``ablate(model.blocks[3].attn, [(0, 2)])`` edits that one layer while the whole model runs). For other models

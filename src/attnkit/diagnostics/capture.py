@@ -34,8 +34,8 @@ from torch import nn
 
 from attnkit import _hooks
 from attnkit._validation import AttentionCall
-from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
 from attnkit.diagnostics.layer_kinds import mask_kind
+from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
 from attnkit.functional.reference import safe_softmax, scores_of
 from attnkit.masks import materialize
 

@@ -35,7 +35,8 @@ class Block(nn.Module):
 
     Pre-norm (default; GPT-2, LLaMA): ``x = x + attn(norm1(x)); x = x + mlp(norm2(x))``.
     Post-norm (``post_norm=True``; BERT, the original Transformer): ``x = norm1(x + attn(x));
-    x = norm2(x + mlp(x))``.
+    x = norm2(x + mlp(x))``. Sandwich (``attn_out_norm``, ``mlp_out_norm``; Gemma-2/3): pre-norm with a norm on
+    each sublayer's output, ``x = x + attn_out_norm(attn(norm1(x)))``, ``x = x + mlp_out_norm(mlp(norm2(x)))``.
 
     ``mask``: this layer's own attention pattern (e.g. ``masks.sliding_window(4096)`` on a Mistral layer, or
     on every other Gemma-2 layer) that replaces the model's default (causal for a decoder); the model still
@@ -44,9 +45,12 @@ class Block(nn.Module):
     """
 
     def __init__(self, attn: nn.Module, mlp: nn.Module, norm1: nn.Module, norm2: nn.Module, *,
-                 post_norm: bool = False, mask: masks.MaskSpec | None = None, dropout: float = 0.0):
+                 post_norm: bool = False, mask: masks.MaskSpec | None = None, dropout: float = 0.0,
+                 attn_out_norm: nn.Module | None = None, mlp_out_norm: nn.Module | None = None):
         super().__init__()
         self.norm1, self.attn, self.norm2, self.mlp = norm1, attn, norm2, mlp
+        if attn_out_norm is not None:  # sandwich norms (Gemma-2/3): on each sublayer's output, pre-norm stacks
+            self.attn_out_norm, self.mlp_out_norm = attn_out_norm, mlp_out_norm
         self.post_norm, self.mask = post_norm, mask
         self.resid_dropout = nn.Dropout(dropout)
 
@@ -55,6 +59,9 @@ class Block(nn.Module):
         if self.post_norm:
             x = self.norm1(x + active_dropout(self.resid_dropout, self.attn(x, mask, **kwargs)))
             return self.norm2(x + self.mlp(x))
+        if "attn_out_norm" in self._modules:
+            x = x + active_dropout(self.resid_dropout, self.attn_out_norm(self.attn(self.norm1(x), mask, **kwargs)))
+            return x + self.mlp_out_norm(self.mlp(self.norm2(x)))
         x = x + active_dropout(self.resid_dropout, self.attn(self.norm1(x), mask, **kwargs))
         return x + self.mlp(self.norm2(x))
 
@@ -65,9 +72,12 @@ class Block(nn.Module):
 # --------------------------------------------------------------------------------------- builders from config
 
 
-def rotary_from_config(config: LMConfig) -> RoPE | None:
-    if config.positions != "rope":
+def rotary_from_config(config: LMConfig, index: int = 0) -> RoPE | None:
+    """Layer ``index``'s rotary embedding (None on a layer without RoPE: another scheme, or a NoPE layer)."""
+    if config.layer_positions(index) != "rope":
         return None
+    if config.local_rope_base is not None and config.layer_window(index):  # Gemma-3's local layers
+        return RoPE(config.resolved_head_dim, base=config.local_rope_base, style=config.rope_style)
     return RoPE(config.resolved_head_dim, base=config.rope_base, style=config.rope_style, scaling=config.rope_scaling)
 
 
@@ -77,9 +87,9 @@ def softmax_attention(config: LMConfig, index: int) -> nn.Module:
     qk_norm = (lambda: make_norm(config.norm, D, eps=config.norm_eps, bias=config.bias)) if config.qk_norm else None
     return MultiHeadAttention(
         config.embed_dim, config.num_heads, num_kv_heads=config.num_kv_heads, head_dim=config.head_dim,
-        dropout=config.dropout, bias=config.bias, qkv_bias=config.qkv_bias, rotary=rotary_from_config(config),
-        score_bias=ALiBi(config.num_heads) if config.positions == "alibi" else None,
-        q_norm=qk_norm and qk_norm(), k_norm=qk_norm and qk_norm(), backend=config.backend,
+        dropout=config.dropout, bias=config.bias, qkv_bias=config.qkv_bias, rotary=rotary_from_config(config, index),
+        score_bias=ALiBi(config.num_heads) if config.layer_positions(index) == "alibi" else None,
+        q_norm=qk_norm and qk_norm(), k_norm=qk_norm and qk_norm(), backend=config.backend, scale=config.attn_scale,
     )
 
 
@@ -120,7 +130,8 @@ def block_from_config(config: LMConfig, index: int, mask: masks.MaskSpec | None 
     return Block(attention_from_config(config, index),
                  make_mlp(config.mlp, config.embed_dim, config.resolved_mlp_hidden, bias=config.bias, dropout=config.dropout),
                  norm_from_config(config), norm_from_config(config), post_norm=config.post_norm, mask=mask,
-                 dropout=config.dropout)
+                 dropout=config.dropout, **({"attn_out_norm": norm_from_config(config),
+                                             "mlp_out_norm": norm_from_config(config)} if config.sandwich_norm else {}))
 
 
 def blocks_from_config(config: LMConfig) -> list[Block]:

@@ -6,14 +6,21 @@
 
 Presets (byte-level vocabulary of 257 by default):
 
-========  =========  ==========  =========  ===========  ===========
-preset    embed_dim  num_layers  num_heads  max_seq_len   params
-========  =========  ==========  =========  ===========  ===========
-nano             64           2          2          128        ~0.1 M
-tiny            128           4          4          256        ~0.8 M
-small           384           6          6          512       ~10.8 M
-medium          768          12         12         1024       ~85 M
-========  =========  ==========  =========  ===========  ===========
+========  =========  ==========  =========  ===========  ===========  ==========================================
+preset    embed_dim  num_layers  num_heads  max_seq_len   params      parts
+========  =========  ==========  =========  ===========  ===========  ==========================================
+nano             64           2          2          128        ~0.1 M  attnkit's original: LayerNorm, GELU, RoPE
+tiny            128           4          4          256        ~0.8 M  LLaMA's exact form: RMSNorm, SwiGLU, RoPE
+small           384           6          6          512       ~10.8 M  attnkit's original
+medium          768          12         12         1024       ~85 M    attnkit's original
+========  =========  ==========  =========  ===========  ===========  ==========================================
+
+``tiny`` (``make demo``'s model) is in LLaMA's exact form (:data:`LLAMA_PARTS`; the SwiGLU width 344 = 2.6875 x E
+~ 8/3 x E keeps the MLP's parameters and FLOPs those of GELU's 4 x E), so a trained run exports: ``attnkit export
+runs/demo --hf out`` writes a ``LlamaForCausalLM`` that transformers' ``pipeline("text-generation")`` runs with the
+run's byte tokenizer. Against the original parts, trained side by side on the same batches
+(``benchmarks/demo_forms.py``; what it measured: ``benchmarks/README.md``). Any preset takes the parts as overrides:
+``build_lm("small", **LLAMA_PARTS, mlp_ratio=2.6875)``.
 """
 
 from __future__ import annotations
@@ -22,9 +29,13 @@ from attnkit.errors import AttnkitTypeError, AttnkitValueError
 from attnkit.models.config import RENAMED_FIELDS
 from attnkit.models.lm import LMConfig, TransformerLM
 
+#: LLaMA's parts (RMSNorm, SwiGLU, RoPE, no biases): a model with them exports as ``LlamaForCausalLM``
+LLAMA_PARTS = {"norm": "rmsnorm", "mlp": "swiglu", "positions": "rope", "bias": False}
+
 PRESETS: dict[str, dict] = {
     "nano": {"embed_dim": 64, "num_layers": 2, "num_heads": 2, "max_seq_len": 128},
-    "tiny": {"embed_dim": 128, "num_layers": 4, "num_heads": 4, "max_seq_len": 256},
+    "tiny": {"embed_dim": 128, "num_layers": 4, "num_heads": 4, "max_seq_len": 256, **LLAMA_PARTS,
+             "mlp_ratio": 2.6875},  # F = 344 at E = 128
     "small": {"embed_dim": 384, "num_layers": 6, "num_heads": 6, "max_seq_len": 512},
     "medium": {"embed_dim": 768, "num_layers": 12, "num_heads": 12, "max_seq_len": 1024},
 }

@@ -13,6 +13,9 @@ from attnkit._checks import positive_int
 from attnkit.errors import AttnkitValueError
 
 POSITIONS = ("rope", "alibi", "sinusoidal", "learned", "none")
+#: the schemes that live inside a layer's attention: a per-layer ``positions`` tuple takes these (SmolLM3's NoPE
+#: layers: ``("rope", "rope", "rope", "none")``); the embedding tables (sinusoidal, learned) are one for the model
+LAYER_POSITIONS = ("rope", "alibi", "none")
 ROPE_STYLES = ("half", "interleaved")
 #: fields renamed to the glossary's names (issue 20): old name -> new name. Configs written before the rename
 #: (checkpoints, config.json, a run's saved model overrides) still load; writing uses the new names only.
@@ -43,8 +46,9 @@ class LMConfig:
     overriding it for q/k/v (Qwen2); ``qk_norm`` (a ``norm`` over D on each query and key head).
 
     Positions: ``positions`` ("rope", "alibi" inside attention; "sinusoidal", "learned" added to the
-    embeddings; "none"); RoPE's ``rope_base`` (rope_theta), ``rope_scaling`` (a Hugging Face style dict, e.g.
-    ``{"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 4096}``) and ``rope_style``.
+    embeddings; "none"), or one of :data:`LAYER_POSITIONS` per layer (NoPE layers among RoPE ones: SmolLM3);
+    RoPE's ``rope_base`` (rope_theta), ``rope_scaling`` (a Hugging Face style dict, e.g. ``{"rope_type": "yarn",
+    "factor": 4.0, "original_max_position_embeddings": 4096}``) and ``rope_style``.
 
     Masks: ``causal`` (decoder) or bidirectional (encoder); ``window`` = a sliding window of that many keys on
     every layer, or a tuple with one entry (int or None = full causal) per layer (Mistral: all; Gemma-2:
@@ -52,6 +56,12 @@ class LMConfig:
     normalises the summed embeddings (BERT); ``pooler`` adds BERT's pooler (dense + tanh over the first token's
     final hidden state: ``model.pool(hidden)``, ``(B, L, E) -> (B, E)``). ``attention`` is one layer kind for all
     layers or one per layer (names from :data:`attnkit.models.blocks.ATTENTION_LAYERS`).
+
+    Gemma-3's parts: ``sandwich_norm`` adds a norm on each sublayer's output before the residual add
+    (``x + norm(attn(norm1(x)))``); ``embed_scale`` multiplies the token embeddings (Gemma: sqrt(E));
+    ``attn_scale`` is the score scale (default 1/sqrt(D); Gemma: ``query_pre_attn_scalar ** -0.5``);
+    ``local_rope_base`` is the RoPE base of the sliding-window layers (without scaling), ``rope_base`` and
+    ``rope_scaling`` then those of the others.
     """
 
     vocab_size: int = 257
@@ -61,7 +71,7 @@ class LMConfig:
     num_kv_heads: int | None = None
     mlp_ratio: float = 4.0
     max_seq_len: int = 256
-    positions: str = "rope"
+    positions: str | tuple[str, ...] = "rope"
     window: int | tuple[int | None, ...] | None = None
     causal: bool = True
     backend: str = "auto"
@@ -84,6 +94,10 @@ class LMConfig:
     type_vocab_size: int = 0
     embed_norm: bool = False
     pooler: bool = False
+    sandwich_norm: bool = False
+    embed_scale: float | None = None
+    attn_scale: float | None = None
+    local_rope_base: float | None = None
 
     def __post_init__(self):
         from attnkit.nn.mlp import MLPS
@@ -94,7 +108,14 @@ class LMConfig:
         for name in ("head_dim", "mlp_hidden", "num_kv_heads"):
             if getattr(self, name) is not None:
                 positive_int(getattr(self, name), name)
-        if self.positions not in POSITIONS:
+        if isinstance(self.positions, list):
+            object.__setattr__(self, "positions", tuple(self.positions))  # JSON gives lists
+        if isinstance(self.positions, tuple):
+            if len(self.positions) != self.num_layers or not set(self.positions) <= set(LAYER_POSITIONS):
+                raise AttnkitValueError(f"positions={self.positions!r}: a per-layer tuple needs one of "
+                                        f"{LAYER_POSITIONS} for each of the num_layers={self.num_layers} layers; or "
+                                        "give one scheme for the model.")
+        elif self.positions not in POSITIONS:
             raise AttnkitValueError(f"positions must be one of {POSITIONS}, got {self.positions!r}; 'rope' is the default.")
         if self.norm not in NORMS:
             raise AttnkitValueError(f"norm must be one of {sorted(NORMS)}, got {self.norm!r}.")
@@ -126,6 +147,10 @@ class LMConfig:
 
     def layer_kind(self, index: int) -> str:
         return self.attention if isinstance(self.attention, str) else self.attention[index]
+
+    def layer_positions(self, index: int) -> str:
+        """The position scheme of layer ``index`` (the model's, or its entry of a per-layer tuple)."""
+        return self.positions if isinstance(self.positions, str) else self.positions[index]
 
     def layer_window(self, index: int) -> int | None:
         """The sliding window of layer ``index`` (None = full causal / bidirectional)."""

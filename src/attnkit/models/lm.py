@@ -29,17 +29,8 @@ from torch.utils.checkpoint import checkpoint
 from attnkit import masks
 from attnkit._checks import integer
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
-from attnkit.models.blocks import (  # noqa: F401  (re-exported: the names used to live here)
-    ATTENTION_LAYERS,
-    Block,
-    block_from_config,
-    blocks_from_config,
-    layer_window,
-    linear_attention,
-    register_attention_layer,
-    softmax_attention,
-)
-from attnkit.models.config import POSITIONS, LMConfig  # noqa: F401
+from attnkit.models.blocks import blocks_from_config, layer_window
+from attnkit.models.config import LMConfig
 from attnkit.nn.mlp import active_dropout
 from attnkit.nn.norms import make_norm
 from attnkit.positions import Learned, Sinusoidal
@@ -145,6 +136,8 @@ class TransformerLM(nn.Module):
         range without reading ``positions`` back."""
         L = tokens.shape[1]
         x = self.embed(tokens)  # (B, L, E)
+        if self.config.embed_scale is not None:
+            x = x * self.config.embed_scale  # Gemma: sqrt(E), on the input embeddings only (the tied head is not)
         if self.pos_embed is not None:
             pos = torch.arange(L, device=tokens.device) if positions is None else positions.clamp(min=0)  # pads < 0
             table = self.pos_embed(pos) if position_bound is None or not isinstance(self.pos_embed, Learned) else \

@@ -27,11 +27,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from attnkit._files import check_text
 from attnkit.diagnostics.report.collect import Collected, collect
 from attnkit.diagnostics.report.display import ReportFile, ReportPage
 from attnkit.diagnostics.report.encode import human_bytes
 from attnkit.diagnostics.report.importance import check_importance_shape, importance_panel
-from attnkit.diagnostics.report.out import check_out, check_text, write_page
+from attnkit.diagnostics.report.out import check_out, write_page
 from attnkit.diagnostics.report.page import render
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
 
@@ -64,8 +65,7 @@ def tokenize(model: nn.Module, text: str, tokenizer=None) -> tuple[torch.Tensor,
                                     "or token ids instead of text.")
     if tokenizer is not None:
         ids = tokenizer(text, return_tensors="pt")["input_ids"]  # (1, L)
-        return ids, [t.replace("\u0120", "\u2423").replace("\u2581", "\u2423")
-                     for t in tokenizer.convert_ids_to_tokens(ids[0].tolist())]
+        return ids, [_piece(t) for t in tokenizer.convert_ids_to_tokens(ids[0].tolist())]
     from attnkit.runs.tokens import ByteTokenizer
 
     vocab = getattr(getattr(model, "config", None), "vocab_size", ByteTokenizer.vocab_size)
@@ -74,6 +74,28 @@ def tokenize(model: nn.Module, text: str, tokenizer=None) -> tuple[torch.Tensor,
                                 f"{ByteTokenizer.vocab_size}; pass tokenizer=... or token ids.")
     ids = ByteTokenizer().encode(text)
     return torch.tensor([ids]), [byte_label(t) for t in ids]
+
+
+def _piece(token: str) -> str:
+    return token.replace("\u0120", "\u2423").replace("\u2581", "\u2423")
+
+
+def labeler(model: nn.Module, tokenizer=None, text: bool = True):
+    """``id -> label`` for tokens the report did not get labels for (generated ones): the Hugging Face tokenizer's
+    piece (``tokenizer``, or the one beside an HF model when the input was text), the byte tokenizer's label for an
+    attnkit model that read text, else the id itself."""
+    if tokenizer is None and text and type(model).__module__.startswith("transformers."):
+        path = getattr(getattr(model, "config", None), "_name_or_path", "")
+        from attnkit.integrations.hf.folders import load_tokenizer
+
+        tokenizer = load_tokenizer(path) if path else None
+    if tokenizer is not None:
+        return lambda t: _piece(tokenizer.convert_ids_to_tokens([int(t)])[0])
+    from attnkit.runs.tokens import ByteTokenizer
+
+    if text and getattr(getattr(model, "config", None), "vocab_size", None) == ByteTokenizer.vocab_size:
+        return byte_label
+    return lambda t: str(int(t))
 
 
 def check_length(n_tokens: int, max_tokens: int = MAX_TOKENS) -> None:
@@ -191,7 +213,7 @@ def report(model: nn.Module, tokens, *, out: str | Path | None = "attention_repo
            metrics: str | Path | list | None = None, dense_max: int = 512, top_k: int = 32,
            max_tokens: int = MAX_TOKENS, thresholds=None, compare: nn.Module | None = None,
            names: tuple[str, str] = ("model", "compare"), head_importance=None,
-           baseline: float | None = None) -> ReportFile | ReportPage:
+           baseline: float | None = None, generate: int | None = None, label_of=None) -> ReportFile | ReportPage:
     """Write the HTML attention report of ``model`` on ``tokens`` and return its path (or the HTML when ``out``
     is None). Either displays the page inline in Jupyter (``_repr_html_``: a sandboxed iframe).
 
@@ -219,6 +241,10 @@ def report(model: nn.Module, tokens, *, out: str | Path | None = "attention_repo
             the model's for the open head. ``names`` labels the two.
         head_importance: an object with ``.scores`` ``(layers, heads)``, ``.objective``, ``.ablation`` and
             ``.baseline`` (``ak.diagnostics.head_importance``), drawn as a layers x heads panel.
+        generate: continue the text greedily for this many tokens and show, for each new token, which earlier
+            tokens the query that produced it attended to, in every layer and head (:mod:`.generated`; a causal LM;
+            the text plus the new tokens within ``max_tokens``). ``label_of(id) -> str`` labels the new tokens
+            (default :func:`labeler`).
     """
     doctor = _check_options(model, tokens, title, doctor, names, top_k=top_k, dense_max=dense_max,
                             max_tokens=max_tokens)
@@ -227,10 +253,19 @@ def report(model: nn.Module, tokens, *, out: str | Path | None = "attention_repo
     importance = importance_panel(head_importance)
     ids, labels = _as_tokens(model, tokens, labels, tokenizer)
     check_length(ids.shape[1], max_tokens)
+    if generate is not None:
+        from attnkit.diagnostics.report.generated import check_generate
+
+        check_generate(model, generate, ids.shape[1], max_tokens)  # before anything runs
     length_warning = _length_warning(model, ids.shape[1])
     ids = ids.to(next(iter(model.parameters()), torch.empty(0)).device)
     data: Collected = collect(model, ids, labels, thresholds=thresholds)
     other = None if compare is None else _collect_compare(compare, ids, labels, data, thresholds)
+    generated = None
+    if generate is not None:
+        from attnkit.diagnostics.report.generated import collect_generated
+
+        generated = collect_generated(model, ids, generate, label_of or labeler(model, tokenizer, isinstance(tokens, str)))
     if importance is not None:
         check_importance_shape(importance, data)
     doctor_dict = doctor if isinstance(doctor, dict) else None
@@ -247,11 +282,12 @@ def report(model: nn.Module, tokens, *, out: str | Path | None = "attention_repo
     page = render(data, title=title or f"attnkit report: {type(model).__name__}", facts=_facts(model, data),
                   doctor=doctor_dict,
                   records=records, dense_max=dense_max, top_k=top_k, thresholds=thresholds, compare=other,
-                  names=tuple(names), importance=importance, warning=length_warning, baseline=baseline)
+                  names=tuple(names), importance=importance, warning=length_warning, baseline=baseline,
+                  generated=generated)
     if out is None:
         return ReportPage(page)
     return ReportFile(write_page(out, page))
 
 
-__all__ = ["report", "tokenize", "byte_label", "collect", "shown", "check_length", "check_out", "trained_length",
+__all__ = ["report", "tokenize", "labeler", "byte_label", "collect", "shown", "check_length", "check_out", "trained_length",
            "ReportFile", "ReportPage", "MAX_TOKENS"]

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from attnkit.diagnostics.capture import capture
+from attnkit.diagnostics.detectors import layer_scores
 from attnkit.diagnostics.layer_kinds import model_layers
 from attnkit.diagnostics.metrics import HealthThresholds, head_metrics
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
@@ -195,10 +196,12 @@ def collect(model: nn.Module, tokens: torch.Tensor, labels: list[str], *,
             "attnkit.attention. Build the model from attnkit modules, or pass a Hugging Face model.")
     for layer in layers:
         layer_metrics(layer, thresholds)
+        if layer.weights.shape[-1] == layer.weights.shape[-2]:  # one sequence, every query: the head detectors
+            layer.metrics.update({f"det_{k}": v for k, v in layer_scores(layer.weights, tokens[0]).items()})
     return Collected(tokens[0].tolist(), labels, layers, source, note, skipped)
 
 
 def _hf_encoder_types() -> set[str]:
-    from attnkit.diagnostics.subjects import HF_ENCODER_TYPES
+    from attnkit.integrations.hf.folders import HF_ENCODER_TYPES
 
     return HF_ENCODER_TYPES

@@ -20,6 +20,8 @@ COLUMNS = [("layer", "layer", "int"), ("name", "name", "text"), ("head", "head",
            ("entropy", "entropy (nats)", "num"), ("norm_entropy", "entropy / log n", "num"),
            ("max_prob", "max p", "num"), ("sink_mass", "sink (first token)", "num"),
            ("distance", "mean distance", "num"), ("prev_token", "previous token", "num"),
+           ("det_previous_token", "prev-token head", "num"), ("det_duplicate_token", "duplicate head", "num"),
+           ("det_induction", "induction head", "num"),
            ("masked_mass", "masked mass", "sci"), ("verdict", "verdict", "text")]
 
 
@@ -73,6 +75,48 @@ def layers_html(data: Collected) -> str:
             f'</tr></thead><tbody>{"".join(rows)}</tbody></table></section>')
 
 
+DETECTOR_TITLES = {"previous_token": "previous-token", "duplicate_token": "duplicate-token", "induction": "induction"}
+
+
+def detectors_html(data: Collected) -> str:
+    """One line per head detector: the heads that score highest on this text (TransformerLens' detect_head
+    score), or "" when no layer was scored."""
+    import math
+
+    lines = []
+    for name, title in DETECTOR_TITLES.items():
+        key = f"det_{name}"
+        found = [(v, l, h) for l, layer in enumerate(data.layers) for h, v in enumerate(layer.metrics.get(key, []))
+                 if isinstance(v, float) and math.isfinite(v)]
+        if not found:
+            continue
+        best = sorted(found, reverse=True)[:3]
+        lines.append(f"<li><b>{title}</b>: " + ", ".join(f"L{l} H{h} {v:.3f}" for v, l, h in best) + "</li>")
+    if not lines:
+        return ""
+    return ('<div id="detectors"><p class="note">Head detectors (TransformerLens <code>detect_head</code>: the share '
+            'of a head\'s attention on the positions a previous-token, duplicate-token or induction head would attend '
+            'to on this text, 1 = a perfect such head; duplicate and induction need repeated tokens). Highest:</p>'
+            f'<ul>{"".join(lines)}</ul></div>')
+
+
+def generated_html(gen: dict | None) -> str:
+    """The generated-tokens section (drawn by report.js from ``meta["generated"]``), or "" without one."""
+    if gen is None:
+        return ""
+    sparse = gen["sparse_top_k"]
+    note = (f" Each row keeps its {sparse} largest weights (the rows would take {gen['bytes']:,} bytes); the mass "
+            "left out is stated." if sparse else "")
+    return ('<section id="generated-section"><h2>Generated tokens</h2>'
+            f'<p class="note">The model continued the text greedily for {gen["N"]} tokens (bold). Click one: the '
+            'earlier tokens are shaded by how much the query that produced it attended to them, in the layer and '
+            'head chosen (or their mean), and the heatmap shows every step (rows) over every earlier token '
+            f'(columns).{note}</p>'
+            '<div class="controls"><label>layer <select id="gen-layer"></select></label>'
+            '<label>head <select id="gen-head"></select></label><span id="gen-facts" class="note"></span></div>'
+            '<div id="gen-tokens"></div><div class="heat"><canvas id="gen-heat"></canvas></div></section>')
+
+
 def _num(x: float) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(float(x), 6)
 
@@ -89,7 +133,7 @@ def metrics_table(data: Collected) -> list[dict]:
 
 
 def payload(data: Collected, *, dense_max: int = 512, top_k: int = 32, compare: Collected | None = None,
-            names: tuple[str, str] = ("model", "compare")) -> tuple[dict, str]:
+            names: tuple[str, str] = ("model", "compare"), generated=None) -> tuple[dict, str]:
     """``(meta, blob)``: the JSON the page reads and the base64 data buffer. With ``compare``, ``meta["compare"]``
     holds the second checkpoint's heads (same layout; drawn with the model's mask)."""
     L = len(data.tokens)
@@ -114,7 +158,11 @@ def payload(data: Collected, *, dense_max: int = 512, top_k: int = 32, compare: 
     by_head = [[{k: r[k] for k in layer.metrics} for r in table if r["layer"] == l] for l, layer in enumerate(data.layers)]
     meta = {"L": L, "step": STEP, "labels": data.labels, "ids": data.tokens, "layers": layers, "masks": masks,
             "columns": columns(data), "table": table, "metricsByHead": by_head, "verdicts": verdicts,
-            "sparse_top_k": sparse, "names": list(names), "compare": None}
+            "sparse_top_k": sparse, "names": list(names), "compare": None, "generated": None}
+    if generated is not None:
+        from attnkit.diagnostics.report.generated import encode_generated
+
+        meta["generated"] = encode_generated(buf, generated, top_k=top_k)
     if compare is not None:
         meta["compare"] = {"heads": [encode_layer(buf, layer.weights, sparse) for layer in compare.layers],
                            "verdicts": [layer.verdicts for layer in compare.layers]}
@@ -283,6 +331,7 @@ Mask: {mask_note}.</div>
 <div id="tooltip"></div></div>
 </div></section>
 {layers}
+{generated}
 <section id="headview-section"><h2>Head view</h2>
 <p class="note">The open head as lines from each query token (left) to the keys it attends to (right), opacity = weight
 (as BertViz draws it). Hover or click a token on the left to keep only its lines.</p>
@@ -293,6 +342,7 @@ Mask: {mask_note}.</div>
 <p class="note">Click a column to sort, a row to open its heatmap. Means over rows with at least two visible keys;
 masked mass is the largest probability on forbidden keys over all rows (must be 0). Verdicts: collapsed when
 mean max p &ge; {collapsed}, uniform when entropy / log n &ge; {uniform}.</p>
+{detectors}
 <div id="metrics-wrap"><table id="metrics"><thead><tr></tr></thead><tbody></tbody></table></div></section>
 <section><h2>Doctor</h2>{doctor}</section>
 {curves}
@@ -307,13 +357,13 @@ mean max p &ge; {collapsed}, uniform when entropy / log n &ge; {uniform}.</p>
 def render(data: Collected, *, title: str, facts: str, doctor: dict | None = None, records: list[dict] | None = None,
            dense_max: int = 512, top_k: int = 32, thresholds=None, compare: Collected | None = None,
            names: tuple[str, str] = ("model", "compare"), importance=None, warning: str | None = None,
-           baseline: float | None = None) -> str:
+           baseline: float | None = None, generated=None) -> str:
     """The complete HTML page as a string. Every string a model or a user controls (title, facts, names, labels,
     layer names, doctor text) is escaped: HTML text here, ``\\u003c``-escaped JSON in the data element."""
     from attnkit.diagnostics.metrics import HealthThresholds
 
     thresholds = thresholds or HealthThresholds()
-    meta, blob = payload(data, dense_max=dense_max, top_k=top_k, compare=compare, names=names)
+    meta, blob = payload(data, dense_max=dense_max, top_k=top_k, compare=compare, names=names, generated=generated)
     sparse = meta["sparse_top_k"]
     sparse_note = (f'<p class="banner">{len(data.tokens)} tokens: each row keeps its {sparse} largest weights '
                    f'(more than {dense_max} tokens); hovering a cell states the mass a row leaves out.</p>'
@@ -332,7 +382,8 @@ def render(data: Collected, *, title: str, facts: str, doctor: dict | None = Non
     return TEMPLATE.format(
         csp=CSP, title=html.escape(title), facts=html.escape(facts, quote=False),
         warning=f'<p class="banner" id="length-warning">{html.escape(warning)}</p>' if warning else "",
-        compare=compare_html, layers=layers_html(data), importance=importance_html(importance, [layer.name for layer in data.layers]),
+        compare=compare_html, layers=layers_html(data), generated=generated_html(meta["generated"]),
+        detectors=detectors_html(data), importance=importance_html(importance, [layer.name for layer in data.layers]),
         css=_asset("report.css"), js=_asset("report.js"),
         sparse_note=sparse_note, gqa_note=", query heads boxed by the KV head they share" if gqa else "",
         mask_note=html.escape(data.mask_note), collapsed=thresholds.collapsed_max_prob,

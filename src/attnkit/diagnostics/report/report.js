@@ -408,6 +408,87 @@
   }
   for (const id of ["filter-layers", "filter-heads", "filter-verdict"]) $(id).addEventListener("input", applyFilter);
 
+  // ---- generated tokens (META.generated): per step, the row of the query that produced the new token
+  const GEN = META.generated, genState = { step: 0, layer: -1, head: -1 };
+  const genRows = new Map();
+  function genHead(l, h) {  // Float32Array (N*K) of one head's generated rows
+    const key = l * 100000 + h;
+    if (genRows.has(key)) return genRows.get(key);
+    const hd = GEN.layers[l].heads[h], N = GEN.N, K = GEN.K, w = new Float32Array(N * K);
+    if (hd.fmt === "dense") {
+      const q = u8(hd.w);
+      for (let i = 0; i < q.length; i++) w[i] = q[i] * STEP;
+    } else {
+      const idx = u16(hd.idx), val = u8(hd.val), k = hd.k;
+      for (let i = 0; i < N; i++) for (let r = 0; r < k; r++) w[i * K + idx[i * k + r]] = val[i * k + r] * STEP;
+    }
+    if (genRows.size > 64) genRows.delete(genRows.keys().next().value);
+    genRows.set(key, w);
+    return w;
+  }
+  function genWeights() {  // (N*K) mean over the chosen layer(s) and head(s)
+    const N = GEN.N, K = GEN.K, out = new Float32Array(N * K);
+    const ls = genState.layer < 0 ? GEN.layers.map((_, l) => l) : [genState.layer];
+    let n = 0;
+    for (const l of ls) {
+      const hs = genState.head < 0 ? GEN.layers[l].heads.map((_, h) => h) : [genState.head].filter((h) => h < GEN.layers[l].H);
+      for (const h of hs) { const w = genHead(l, h); for (let i = 0; i < out.length; i++) out[i] += w[i]; n++; }
+    }
+    if (n) for (let i = 0; i < out.length; i++) out[i] /= n;
+    return out;
+  }
+  function genDraw() {
+    const N = GEN.N, K = GEN.K, P = GEN.P, w = genWeights(), s = genState.step;
+    const row = w.subarray(s * K, (s + 1) * K), seen = P + s;  // keys 0 .. P+s-1
+    let max = 0;
+    for (let j = 0; j < seen; j++) max = Math.max(max, row[j]);
+    for (const span of $("gen-tokens").children) {
+      const j = +span.dataset.i;
+      span.classList.toggle("selected", j === P + s);
+      span.style.background = j < seen && max > 0 ? `rgba(44,127,184,${(row[j] / max).toFixed(3)})` : "";
+      span.style.color = j < seen && row[j] / max > 0.6 ? "#fff" : "";
+      span.title = j < seen ? `p = ${row[j].toFixed(3)}` : (j === P + s ? "the new token" : "");
+    }
+    const order = Array.from({ length: seen }, (_, j) => j).sort((a, b) => row[b] - row[a]).slice(0, 5);
+    const what = (genState.layer < 0 ? "all layers" : `layer ${genState.layer}`) + ", " + (genState.head < 0 ? "mean of heads" : `head ${genState.head}`);
+    $("gen-facts").textContent = `step ${s}: ${JSON.stringify(GEN.labels[P + s])} (${what}) looked at ` +
+      order.map((j) => `${JSON.stringify(GEN.labels[j])} ${row[j].toFixed(2)}`).join(", ");
+    const c = $("gen-heat"), cell = Math.max(2, Math.min(14, Math.floor(900 / K)));
+    c.width = K * cell; c.height = N * cell;
+    const ctx = c.getContext("2d");
+    ctx.fillStyle = "#fff"; ctx.fillRect(0, 0, c.width, c.height);
+    for (let i = 0; i < N; i++) {
+      let m = 0;
+      for (let j = 0; j < P + i; j++) m = Math.max(m, w[i * K + j]);
+      for (let j = 0; j < K; j++) {
+        if (j >= P + i) { ctx.fillStyle = "#e4e4e4"; ctx.fillRect(j * cell, i * cell, cell, cell); continue; }
+        const v = Math.round(255 * Math.sqrt(w[i * K + j]));
+        ctx.fillStyle = `rgb(${LUT[3 * v]},${LUT[3 * v + 1]},${LUT[3 * v + 2]})`;
+        ctx.fillRect(j * cell, i * cell, cell, cell);
+      }
+      if (i === s) { ctx.strokeStyle = "#d62728"; ctx.lineWidth = 2; ctx.strokeRect(1, i * cell + 1, c.width - 2, cell - 2); }
+    }
+  }
+  function genSelect(step) { genState.step = Math.max(0, Math.min(GEN.N - 1, step)); genDraw(); }
+  if (GEN) {
+    const box = $("gen-tokens");
+    GEN.ids.forEach((_, j) => {
+      const span = document.createElement("span");
+      span.className = "tok" + (j >= GEN.P ? " gen-token" : "");
+      span.dataset.i = j; span.textContent = GEN.labels[j];
+      if (j >= GEN.P) { span.dataset.step = j - GEN.P; span.addEventListener("click", () => genSelect(j - GEN.P)); }
+      box.appendChild(span);
+    });
+    const ls = $("gen-layer"), hs = $("gen-head");
+    ls.add(new Option("all (mean)", "-1"));
+    GEN.layers.forEach((layer, l) => ls.add(new Option(`L${l} ${layer.name}`, String(l))));
+    hs.add(new Option("mean", "-1"));
+    for (let h = 0; h < Math.max(...GEN.layers.map((x) => x.H)); h++) hs.add(new Option(`h${h}`, String(h)));
+    ls.addEventListener("change", () => { genState.layer = +ls.value; genDraw(); });
+    hs.addEventListener("change", () => { genState.head = +hs.value; genDraw(); });
+    genDraw();
+  }
+
   drawLabels();
   open(0, 0);
   applyFilter();
@@ -416,6 +497,9 @@
     weight: (l, h, i, j) => headData(l, h).w[i * L + j],
     compareWeight: (l, h, i, j) => headData(l, h, 1).w[i * L + j],
     allowed: (l, h, i, j) => { const m = maskOf(l, h); return m === null || m[i * L + j] === 1; },
+    generated: GEN ? { N: GEN.N, P: GEN.P, K: GEN.K, state: genState, select: genSelect,
+      weight: (l, h, s, j) => genHead(l, h)[s * GEN.K + j],
+      choose: (l, h) => { genState.layer = l; genState.head = h; $("gen-layer").value = String(l); $("gen-head").value = String(h); genDraw(); } } : null,
   };
   document.body.dataset.ready = "1";
 })().catch((err) => {

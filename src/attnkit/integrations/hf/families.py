@@ -5,10 +5,15 @@ family is one :func:`register_family` call here.
 
 - GPT-2: ``Conv1D`` weights are stored ``(in, out)`` (transposed against ``nn.Linear``); learned positions;
   tanh GELU; tied head.
-- LLaMA / Mistral / Qwen2: separate q/k/v projections fused into ``qkv_proj`` (rows ``[Wq; Wk; Wv]``), GQA,
+- LLaMA / Mistral / Qwen2 / Qwen3 / SmolLM3: separate q/k/v projections fused into ``qkv_proj`` (rows ``[Wq; Wk; Wv]``), GQA,
   RMSNorm, SwiGLU, RoPE in Hugging Face's half-split layout (attnkit's default, so no permutation), RoPE
   scaling (``linear``, ``yarn``, ``llama3``, static ``ntk``), q/k/v biases (Qwen2), sliding windows (Mistral: every layer;
-  Qwen2: the layers ``layer_types`` marks).
+  Qwen2: the layers ``layer_types`` marks), QK-norm (Qwen3: ``LMConfig.qk_norm``), NoPE layers (SmolLM3: a
+  per-layer ``LMConfig.positions``).
+- Gemma-3 (``gemma3_text``, ``Gemma3ForCausalLM``; in :mod:`~attnkit.integrations.hf.gemma3`): Gemma's RMSNorm
+  (``1 + weight``: ``offset_rmsnorm``),
+  sandwich norms, QK-norm, GeGLU, embeddings scaled by sqrt(E), ``query_pre_attn_scalar``, two RoPE bases
+  (``local_rope_base`` on the sliding-window layers).
 - BERT: post-norm blocks, token-type embeddings, an embedding LayerNorm, exact GELU, the pooler when the weights
   have one (``LMConfig.pooler``); an encoder (``causal=False``).
 
@@ -71,7 +76,7 @@ class Family:
         out = []
         for field, allowed in self.requires:
             value = getattr(cfg, field)
-            values = set(value) if field == "attention" and isinstance(value, tuple) else {value}
+            values = set(value) if field in ("attention", "positions") and isinstance(value, tuple) else {value}
             if not values <= set(allowed):
                 out.append(f"{field}={value!r} (needs {' or '.join(map(repr, allowed))})")
         return out
@@ -171,17 +176,30 @@ def _rope_config(c, model_type: str) -> dict:
 
 
 def _windows(c, model_type: str):
-    """Mistral: one window for every layer; Qwen2: the layers ``layer_types`` marks as sliding."""
+    """Mistral: one window for every layer; Qwen2 / Qwen3 / SmolLM3: the layers ``layer_types`` marks as sliding
+    (when ``use_sliding_window``)."""
     window = getattr(c, "sliding_window", None)
     if model_type == "mistral" or not window:
         return window or None
     types = list(getattr(c, "layer_types", None) or [])
-    if model_type == "qwen2" and not getattr(c, "use_sliding_window", False):
+    if not getattr(c, "use_sliding_window", False):
         return None
     per_layer = tuple(window if t == "sliding_attention" else None for t in types)
     if not any(per_layer):
         return None
     return per_layer[0] if len(set(per_layer)) == 1 else per_layer
+
+
+def _qwen3_config(c) -> dict:
+    """Qwen3: LLaMA's layout with QK-norm (an RMSNorm over each head's D on queries and keys, before RoPE)."""
+    return {**_rope_config(c, "qwen3"), "qk_norm": True}
+
+
+def _smollm3_config(c) -> dict:
+    """SmolLM3: LLaMA's layout with NoPE layers (``no_rope_layers[i] == 0``: no RoPE on that layer)."""
+    flags = list(getattr(c, "no_rope_layers", None) or [1] * c.num_hidden_layers)
+    positions = tuple("rope" if flag else "none" for flag in flags)
+    return {**_rope_config(c, "smollm3"), "positions": positions[0] if len(set(positions)) == 1 else positions}
 
 
 def _rope_params(cfg: LMConfig) -> list[Param]:
@@ -198,6 +216,8 @@ def _rope_params(cfg: LMConfig) -> list[Param]:
                 Param(a + "mlp.down.weight", (h + "mlp.down_proj.weight",))]
         if cfg.qkv_bias:
             out.append(Param(a + "attn.qkv_proj.bias", tuple(h + f"self_attn.{p}_proj.bias" for p in "qkv")))
+        if cfg.qk_norm:  # Qwen3: (D,) each
+            out += [Param(a + f"attn.{n}.weight", (h + f"self_attn.{n}.weight",)) for n in ("q_norm", "k_norm")]
     return out
 
 
@@ -226,13 +246,19 @@ def _rope_hf_config(cfg: LMConfig, model_type: str):
             raise AttnkitValueError(f"Mistral has one window for every layer, the model has {windows}; use "
                                     "model_type='qwen2' for windows on some layers.")
         return tf.MistralConfig(**common, sliding_window=windows[0])
-    if model_type == "qwen2":
+    if model_type in ("qwen2", "qwen3", "smollm3"):
         sliding = [w for w in windows if w]
         if len(set(sliding)) > 1:
-            raise AttnkitValueError(f"Qwen2 has one window size, the model has {sorted(set(sliding))}.")
+            raise AttnkitValueError(f"{model_type} has one window size, the model has {sorted(set(sliding))}.")
         types = ["sliding_attention" if w else "full_attention" for w in windows]
-        return tf.Qwen2Config(**common, use_sliding_window=bool(sliding), sliding_window=sliding[0] if sliding else None,
-                              layer_types=types, max_window_layers=types.index("sliding_attention") if sliding else 0)
+        layers = {"use_sliding_window": bool(sliding), "sliding_window": sliding[0] if sliding else None,
+                  "layer_types": types}
+        if model_type == "smollm3":
+            nope = [int(cfg.layer_positions(i) == "rope") for i in range(cfg.num_layers)]
+            return tf.SmolLM3Config(**common, **layers, no_rope_layers=nope, attention_bias=False, mlp_bias=False)
+        config = getattr(tf, {"qwen2": "Qwen2Config", "qwen3": "Qwen3Config"}[model_type])
+        return config(**common, **layers, max_window_layers=types.index("sliding_attention") if sliding else 0,
+                      **({"attention_bias": False} if model_type == "qwen3" else {}))
     return tf.LlamaConfig(**common, attention_bias=False, mlp_bias=False)
 
 
@@ -297,14 +323,22 @@ def register_family(family: Family) -> None:
 
 
 _PLAIN = (("attention", ("softmax",)), ("qk_norm", (False,)), ("pooler", (False,)), ("type_vocab_size", (0,)),
-          ("embed_norm", (False,)), ("post_norm", (False,)), ("causal", (True,)))  # what every decoder family here needs
+          ("embed_norm", (False,)), ("post_norm", (False,)), ("causal", (True,)), ("sandwich_norm", (False,)),
+          ("embed_scale", (None,)), ("attn_scale", (None,)), ("local_rope_base", (None,)))  # what every decoder family here needs
 _GPT2_NEEDS = (*_PLAIN, ("positions", ("learned",)), ("norm", ("layernorm",)), ("mlp", ("gelu", "gelu_exact", "relu")),
                ("bias", (True,)), ("num_kv_heads", (None,)), ("window", (None,)), ("head_dim", (None,)))
 _ROPE_NEEDS = (*_PLAIN, ("positions", ("rope",)), ("norm", ("rmsnorm",)), ("mlp", ("swiglu",)), ("bias", (False,)))
 _BERT_NEEDS = (("attention", ("softmax",)), ("qk_norm", (False,)), ("causal", (False,)), ("post_norm", (True,)),
+               ("sandwich_norm", (False,)), ("embed_scale", (None,)), ("attn_scale", (None,)),
                ("embed_norm", (True,)), ("positions", ("learned",)), ("norm", ("layernorm",)), ("bias", (True,)),
                ("mlp", ("gelu", "gelu_exact", "relu")), ("num_kv_heads", (None,)), ("window", (None,)),
                ("head_dim", (None,)))
+
+def _with(needs: tuple, **fields) -> tuple:
+    """``needs`` with the allowed values of ``fields`` replaced (or added); None: any value (the family's config
+    builder checks it)."""
+    return (*((f, v) for f, v in needs if f not in fields), *((f, v) for f, v in fields.items() if v is not None))
+
 
 register_family(Family(("gpt2",), _gpt2_config, _gpt2_params, "GPT2LMHeadModel", _gpt2_hf_config, "transformer.",
                        requires=_GPT2_NEEDS))
@@ -312,6 +346,10 @@ for _t_name, _cls, _needs in (("llama", "LlamaForCausalLM", ()), ("mistral", "Mi
                               ("qwen2", "Qwen2ForCausalLM", (("qkv_bias", (True,)),))):  # Qwen2 always has them
     register_family(Family((_t_name,), lambda c, _n=_t_name: _rope_config(c, _n), _rope_params, _cls,
                            _rope_hf_config, requires=(*_ROPE_NEEDS, *_needs)))
+register_family(Family(("qwen3",), _qwen3_config, _rope_params, "Qwen3ForCausalLM", _rope_hf_config,
+                       requires=_with(_ROPE_NEEDS, qk_norm=(True,), qkv_bias=(None, False))))
+register_family(Family(("smollm3",), _smollm3_config, _rope_params, "SmolLM3ForCausalLM", _rope_hf_config,
+                       requires=_with(_ROPE_NEEDS, positions=("rope", "none"), qkv_bias=(None, False))))
 register_family(Family(("bert",), _bert_config, _bert_params, "BertModel", _bert_hf_config, "", lm_head=False,
                        requires=_BERT_NEEDS, weights=lambda cfg, base: {"pooler": "pooler.dense.weight" in base},
                        hf_kwargs=lambda cfg: {"add_pooling_layer": cfg.pooler}))
@@ -322,3 +360,6 @@ def family_of(model_type: str) -> Family:
         raise BackendUnsupportedError(f"model_type={model_type!r} has no attnkit converter; supported: "
                                       f"{sorted(FAMILIES)} (add one with register_family).", [model_type])
     return FAMILIES[model_type]
+
+
+from attnkit.integrations.hf import gemma3  # noqa: E402,F401  (registers Gemma-3: its parts live there)
