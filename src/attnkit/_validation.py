@@ -49,7 +49,8 @@ class AttentionCall:
     #: autograd must reach (asked once per call by scoring one entry, :func:`bias_needs_grad`)
     bias_needs_grad: bool = False
     #: attention sinks: one learned logit per query head ``(H,)`` that takes probability mass in the softmax
-    #: and is dropped (gpt-oss); served by backends with ``serves_sinks = True`` (math), refused by the others
+    #: and is dropped (gpt-oss); served by backends with ``serves_sinks = True`` (sdpa, blocksparse, eager,
+    #: math), refused by the others
     sinks: torch.Tensor | None = None
     #: ``(shapes, dtypes, devices)`` of q, k, v as :func:`check_tensors` keyed them (None: not computed)
     tensors_key: tuple | None = field(default=None, repr=False, compare=False)

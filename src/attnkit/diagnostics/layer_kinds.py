@@ -41,32 +41,29 @@ class LayerInfo:
     skipped: str = ""
 
 
-def mask_kind(spec) -> str:
-    """The layer kind one attention call's mask spec says (see the module docstring), read from its conjuncts'
-    ``kind`` (``attnkit.masks``); padding and documents (which only take keys away from a pattern) do not change
-    it. An ``|`` or ``~`` is no single pattern: its own spelling."""
-    from attnkit.masks import is_plain_causal
+#: how a layer that one kind shapes is named, by the kind's name (``mask.kind``)
+_SHAPED = {"sliding_window": lambda m: f"sliding {m.window}", "two_sided_window": lambda m: f"local ({m.left}, {m.right})",
+           "chunked": lambda m: f"chunked {m.chunk}", "strided": lambda m: f"strided {m.stride}"}
+#: kinds that only take keys away from a pattern (they do not change a layer's kind)
+_TAKE_AWAY = ("padding", "padding_by_position", "document")
 
+
+def mask_kind(spec) -> str:
+    """The layer kind one attention call's mask spec says (see the module docstring); padding and documents
+    (which only take keys away from a pattern) do not change it. An ``|`` or ``~`` is one part: no single pattern."""
     if spec is None:
         return "full (bidirectional)"
     parts = spec.conjuncts()
     for part in parts:
-        kind = getattr(part, "kind", None)
-        if kind == "sliding_window":
-            return f"sliding {part.window}"
-        if kind == "two_sided_window":
-            return f"local ({part.left}, {part.right})"
-        if kind == "chunked":
-            return f"chunked {part.chunk}"
-        if kind == "strided":
-            return f"strided {part.stride}"
-        if kind == "custom":  # transformers' chunked layers arrive as a named custom mask (Llama 4)
-            found = re.fullmatch(r"chunked\((\d+)\)", getattr(part, "name", ""))
+        if part.kind in _SHAPED:
+            return _SHAPED[part.kind](part)
+        if part.kind == "custom":  # transformers' chunked layers may arrive as a named custom mask
+            found = re.fullmatch(r"chunked\((\d+)\)", part.name)
             if found:
                 return f"chunked {found.group(1)}"
-    if any(is_plain_causal(p) or getattr(p, "kind", None) == "causal" for p in parts):
+    if any(p.kind == "causal" for p in parts):
         return "full (causal)"
-    known = [p for p in parts if getattr(p, "kind", None) not in ("padding", "document")]
+    known = [p for p in parts if p.kind not in _TAKE_AWAY]
     return "full (bidirectional)" if not known else repr(spec)
 
 

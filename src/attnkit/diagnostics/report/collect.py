@@ -207,6 +207,6 @@ def collect(model: nn.Module, tokens: torch.Tensor, labels: list[str], *,
 
 
 def _hf_encoder_types() -> set[str]:
-    from attnkit.diagnostics.subjects import HF_ENCODER_TYPES
+    from attnkit.integrations.hf.folders import HF_ENCODER_TYPES
 
     return HF_ENCODER_TYPES
