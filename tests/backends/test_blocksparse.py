@@ -10,7 +10,7 @@ from test_oracle import MASKS
 import attnkit as ak
 from attnkit._bias import StructuredBias
 from attnkit._validation import build_call
-from attnkit.backends import block_plan
+from attnkit.backends import block_plan, blocksparse
 from attnkit.backends.blocksparse import make_plans
 from attnkit.masks import blocks
 from attnkit.masks.dense import context_for
@@ -74,13 +74,14 @@ def test_cover_is_sound_against_the_dense_mask():
 
 @pytest.mark.parametrize("mask_name", list(SMALL_TILE_MASKS))
 @pytest.mark.parametrize("bias", [False, True])
-def test_small_tiles_against_reference(monkeypatch, mask_name, bias):
-    """Tiles of 8 make every plan multi-tile at small sizes: runs, merges, stacking and empty pieces."""
+@pytest.mark.parametrize("B", [1, 2])
+def test_small_tiles_against_reference(monkeypatch, mask_name, bias, B):
+    """Tiles of 8 make every plan multi-tile at small sizes: runs, merges, stacking and empty pieces; one batch
+    row takes the views (queries, unfolded key bands) and broadcast masks, two rows the gathers."""
     monkeypatch.setattr(block_plan, "BLOCK", 8)
-    monkeypatch.setattr(block_plan, "MIN_PIECE", 16)
     monkeypatch.setattr(block_plan, "MAX_PIECE", 32)
     g = torch.Generator().manual_seed(1)
-    B, H, Hkv, L, D = 2, 4, 2, 61, 16
+    H, Hkv, L, D = 4, 2, 61, 16
     q, k, v = torch.randn(B, H, L, D, generator=g), torch.randn(B, Hkv, L, D, generator=g), torch.randn(B, Hkv, L, D, generator=g)
     mask = SMALL_TILE_MASKS[mask_name](B, L, L, g)
     kwargs = {"bias": ak.positions.ALiBi(H)} if bias else {}
@@ -168,3 +169,33 @@ def test_pieces_read_the_prepared_masks_bound_function(monkeypatch, bias):
     assert binds == []
     golden = ak.attention(q.double(), k.double(), v.double(), mask, backend="math", **kw)
     assert_within_rule(first, ak.attention(q, k, v, mask, backend="math", **kw), golden)
+
+
+def test_window_band_runs_as_views_with_one_broadcast_mask(monkeypatch):
+    """A sliding window's band of blocks: every masked piece's mask is the same, kept once (T = 1) in the
+    prepared mask's memo and broadcast by the kernel; keys enter as unfolded views (no gathered copies);
+    outputs and gradients within the tolerance rule of the float64 reference."""
+    L, W = 1024, 256
+    mask = M.causal() & M.sliding_window(W)
+    prepared = ak.masks.prepare(mask, L)
+    g = torch.Generator().manual_seed(2)
+    q, k, v = torch.randn(1, 8, L, 16, generator=g), torch.randn(1, 2, L, 16, generator=g), torch.randn(1, 2, L, 16, generator=g)
+    masks, gathers = [], []
+    original_sdpa, original_take = torch.nn.functional.scaled_dot_product_attention, blocksparse._take
+
+    def spy(q, k, v, attn_mask=None, **kw):
+        if attn_mask is not None:
+            masks.append(tuple(attn_mask.shape))
+        return original_sdpa(q, k, v, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    monkeypatch.setattr(blocksparse, "_take", lambda x, idx: gathers.append(idx.shape) or original_take(x, idx))
+    out, grads = run_with_grads(lambda q, k, v: ak.attention(q, k, v, prepared, backend="blocksparse"), [q, k, v])
+    assert masks == [(1, 1, 64, 64 + W)]  # one masked call of every 64-query tile, its mask shared
+    assert gathers == []
+    ref, ref_grads = run_with_grads(lambda q, k, v: ak.reference_attention(q, k, v, mask), [q, k, v])
+    gold, gold_grads = run_with_grads(lambda q, k, v: ak.reference_attention(q, k, v, mask),
+                                      [q.double(), k.double(), v.double()])
+    assert_within_rule(out, ref, gold)
+    for got, r, gg in zip(grads, ref_grads, gold_grads):
+        assert_within_rule(got, r, gg, factor=3.0, what="grad")

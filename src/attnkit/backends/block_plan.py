@@ -98,10 +98,12 @@ def _residue_order(positions: torch.Tensor, stride: int) -> torch.Tensor:
 
 
 def make_plan(mask: MaskSpec | None, ctx: MaskContext, rows: torch.Tensor, *, allow_causal: bool = True,
-              block: int | None = None, fn: BoundMask | None = None) -> Plan:
+              block: int | None = None, fn: BoundMask | None = None, min_piece: int = MIN_PIECE) -> Plan:
     """Plan the call's queries for batch rows ``rows`` with tiles of ``block`` (default :data:`BLOCK`).
     ``allow_causal=False`` (a bias is present) never uses the kernel's causal flag. ``fn``: the mask already
-    bound to ``ctx`` (a prepared mask's), bound here when not given."""
+    bound to ``ctx`` (a prepared mask's), bound here when not given. ``min_piece``: query tiles are merged up
+    to this many queries whatever the extra work (:data:`MIN_PIECE`; ``block`` merges only within
+    :data:`MERGE_SLACK`)."""
     Lq, Lk, dev = ctx.q_len, ctx.kv_len, ctx.device
     block = block or BLOCK
     q_perm = kv_perm = None
@@ -119,7 +121,7 @@ def make_plan(mask: MaskSpec | None, ctx: MaskContext, rows: torch.Tensor, *, al
     diag = None
     if allow_causal and mask is not None and Lq == Lk:
         diag = _diagonal_is_tril(fn or mask.bind(ctx), mask.heads, grid, cov)
-    pieces = _pieces(cov, diag, Lq, Lk, block, max(block, MAX_PIECE))
+    pieces = _pieces(cov, diag, Lq, Lk, block, max(block, MAX_PIECE), min_piece)
     if all(p.mode == "empty" for p in pieces):  # nothing visible: one masked piece gives zeros with grads to q, k, v
         pieces = [Piece(0, Lq, ((0, Lk),), "mask")]
     return Plan(rows, q_perm, kv_perm, pieces, Lq, Lk)
@@ -166,7 +168,8 @@ def _ranges(blocks: list[int], block: int, length: int) -> tuple[tuple[int, int]
     return tuple((lo, hi) for lo, hi in out)
 
 
-def _pieces(cov: BlockCover, diag: list[bool] | None, Lq: int, Lk: int, block: int, max_piece: int) -> list[Piece]:
+def _pieces(cov: BlockCover, diag: list[bool] | None, Lq: int, Lk: int, block: int, max_piece: int,
+            min_piece: int = MIN_PIECE) -> list[Piece]:
     n_q = cov.any.shape[0]
     reach = [torch.nonzero(row).flatten().tolist() for row in cov.any]  # key tiles per query tile
     full = cov.full.tolist()
@@ -186,7 +189,7 @@ def _pieces(cov: BlockCover, diag: list[bool] | None, Lq: int, Lk: int, block: i
             if (j + 1 - i) * block > max_piece and not (union == blocks == set(reach[j])):
                 break  # beyond MAX_PIECE only rows with the very same keys join (no key copies, no extra work)
             separate = sum(len(reach[t]) for t in range(i, j + 1))
-            if (j - i) * block >= MIN_PIECE and len(union) * (j + 1 - i) > (1 + MERGE_SLACK) * separate:
+            if (j - i) * block >= min_piece and len(union) * (j + 1 - i) > (1 + MERGE_SLACK) * separate:
                 break
             blocks, j = union, j + 1
         kv = _ranges(sorted(blocks), block, Lk)

@@ -57,6 +57,12 @@ SPARSE_MIN_KEYS = 4096
 #: slower forward and 2.3x forward+backward at 2048 (its far-key exponentials turn subnormal)
 BIAS_MIN_KEYS = 2048
 SPARSE_MIN_QUERIES = 128
+#: queries per piece merged whatever the extra work (the planner's ``min_piece``): none. Pieces grow only while
+#: the extra (masked) work stays within ``block_plan.MERGE_SLACK``: stacked into one SDPA call, the smallest
+#: pieces computing the fewest entries ran fastest (causal & sliding_window(256) at N = 16384, B=1, H=8,
+#: Hkv=2, D=64, one thread, forward: tiles of 64 queries x 320 keys 155 ms, merged to 256 x 512 (the old
+#: minimum of 256 queries) 228 ms, 512 x 768 348 ms; see benchmarks/results/sparse.json)
+MIN_PIECE = 0
 #: from this many keys a relative bias (ALiBi) under an offset-only mask (none, causal, windows) with default
 #: positions runs as SDPA pieces against an offset table (inference): ALiBi causal forward at 0.41-0.85x
 #: SDPA's is_causal without the bias from 256 to 4096 keys, where SDPA with the dense bias gave 0.21-0.31x
@@ -106,10 +112,7 @@ class BlockSparseBackend:
                            "kernel has none; use backend='eager' or 'math')")
         return reasons + sink_reasons(call, "blocksparse")
 
-    def work(self, call: AttentionCall) -> dict[str, float]:
-        """What it computes (:func:`attnkit.backends.cost.blocksparse_work`): its plans' pieces or document runs."""
-        return blocksparse_work(call, document_runs, make_plans, SPARSE_MIN_QUERIES, not _allow_causal(call),
-                                _offset_pieces_on_sdpa(call))
+    work = staticmethod(blocksparse_work)  # what it computes, for auto's predicted time (backends.cost)
 
     def plan(self, call: AttentionCall) -> str:
         runs = document_runs(call)
@@ -275,9 +278,10 @@ def _make_plans(call: AttentionCall, mask: MaskSpec | None, ctx: MaskContext) ->
     per_row = call.batch > 1 and ((mask is not None and mask.batch > 1) or not _rows_share_positions(call))
     dev, fn = call.q.device, None if call.prepared is None else call.prepared.fn  # bound once per prepared mask
     if not per_row:
-        return [make_plan(mask, ctx, torch.arange(call.batch, device=dev), allow_causal=allow_causal, fn=fn)]
-    return [make_plan(mask, ctx, torch.tensor([b], device=dev), allow_causal=allow_causal, fn=fn)
-            for b in range(call.batch)]
+        return [make_plan(mask, ctx, torch.arange(call.batch, device=dev), allow_causal=allow_causal, fn=fn,
+                          min_piece=MIN_PIECE)]
+    return [make_plan(mask, ctx, torch.tensor([b], device=dev), allow_causal=allow_causal, fn=fn,
+                      min_piece=MIN_PIECE) for b in range(call.batch)]
 
 
 def _rows_share_positions(call: AttentionCall) -> bool:
@@ -323,6 +327,76 @@ def _run_sdpa(call: AttentionCall, plan: Plan, q, k, v, q_map, kv_map) -> torch.
     return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)  # (R, H, Lq, Dv) in plan order
 
 
+def _run_group(call, pieces, mode, q, k, v, rows, q_map, kv_map) -> torch.Tensor:
+    """Run equal-shaped pieces as one kernel call: ``(T, R, H, lq, Dv)``. Queries and key bands are views
+    where the pieces are evenly spaced runs (a sliding window's band of blocks: no copies), else gathered once;
+    a masked group's kernel mask is built once per prepared mask (:func:`_group_mask`)."""
+    T, R, H = len(pieces), q.shape[0], q.shape[1]
+    p0 = pieces[0]
+    if T == 1 and len(p0.kv) == 1:  # views, no copies
+        qs = q[:, :, p0.q_lo:p0.q_hi]  # (R, H, lq, D)
+        ks, vs = (x[:, :, p0.kv[0][0]:p0.kv[0][1]] for x in (k, v))  # (R, Hkv, lk, D)
+    else:
+        q_step, kv_step = _spacing(pieces)
+        q_idx = kv_idx = None
+        if R == 1 and q_step == p0.lq:  # the pieces tile one run of queries: a view
+            qs = q[:, :, p0.q_lo:p0.q_lo + T * p0.lq].unflatten(2, (T, p0.lq)).movedim(2, 0).flatten(0, 1)
+        else:
+            q_idx, kv_idx = _index(pieces, q.device)
+            qs = _take(q, q_idx)  # (T*R, H, lq, D)
+        if R == 1 and kv_step is not None:  # overlapping bands of keys: unfold views
+            ks, vs = (_bands(x, p0.kv[0][0], p0.lk, kv_step, T) for x in (k, v))  # (T, Hkv, lk, D)
+        else:
+            kv_idx = _index(pieces, q.device)[1] if kv_idx is None else kv_idx
+            ks, vs = _take(k, kv_idx), _take(v, kv_idx)  # (T*R, Hkv, lk, D)
+    attn_mask = empty = None
+    if mode == "mask":
+        attn_mask, empty = _group_mask(call, pieces, rows, q_map, kv_map, q.dtype)  # (T|1, R|1, H|1, lq, lk|1)
+        attn_mask, empty = (_batch_dims(x, T, R) for x in (attn_mask, empty))  # (T*R|1, H|1, lq, lk|1)
+    if call.sinks is not None:  # a piece holds whole rows: its log-sum-exp is the row's (backends.sinks)
+        out = attention_with_sinks(qs, ks, vs, call.sinks, attn_mask, mode == "causal", call.scale)  # (T*R, H, lq, Dv)
+    else:
+        out = F.scaled_dot_product_attention(
+            qs, ks, vs, attn_mask=attn_mask, dropout_p=call.dropout_p, is_causal=mode == "causal",
+            scale=call.scale, enable_gqa=call.num_kv_heads != call.num_heads,
+        )  # (T*R, H, lq, Dv)
+    if empty is not None:
+        out = out.masked_fill(empty, 0.0)
+    return out.view(T, R, H, *out.shape[2:])  # (T, R, H, lq, Dv)
+
+
+def _spacing(pieces: list[Piece]) -> tuple[int | None, int | None]:
+    """The query step and (for single key ranges) key step between consecutive equal-shaped pieces, None where
+    it is not constant."""
+    if len(pieces) < 2:
+        return None, None
+    q_step = pieces[1].q_lo - pieces[0].q_lo
+    if any(b.q_lo - a.q_lo != q_step for a, b in zip(pieces, pieces[1:])):
+        q_step = None
+    kv_step = None
+    if all(len(p.kv) == 1 for p in pieces):
+        kv_step = pieces[1].kv[0][0] - pieces[0].kv[0][0]
+        if kv_step <= 0 or any(b.kv[0][0] - a.kv[0][0] != kv_step for a, b in zip(pieces, pieces[1:])):
+            kv_step = None
+    return q_step, kv_step
+
+
+def _bands(x: torch.Tensor, lo: int, lk: int, step: int, count: int) -> torch.Tensor:
+    """``count`` key bands ``[lo + t * step, lo + t * step + lk)`` of ``x (1, Hkv, L, D)`` as one view
+    ``(count, Hkv, lk, D)`` (``unfold``: its backward sums the overlaps in one kernel)."""
+    span = x[0, :, lo:lo + (count - 1) * step + lk]  # (Hkv, l, D)
+    return span.unfold(1, lk, step).permute(1, 0, 3, 2)  # (Hkv, count, D, lk) -> (count, Hkv, lk, D)
+
+
+def _batch_dims(x: torch.Tensor | None, T: int, R: int) -> torch.Tensor | None:
+    """``(T|1, R|1, ...)`` -> the kernel's batch ``(T*R|1, ...)`` (a broadcast stays size 1: no copy)."""
+    if x is None:
+        return None
+    if x.shape[0] == 1 and (x.shape[1] == 1 or T == 1):
+        return x[0]  # (R|1, ...)
+    return x.expand(T, R, *x.shape[2:]).flatten(0, 1)
+
+
 def _index(pieces: list[Piece], device) -> tuple[torch.Tensor, torch.Tensor]:
     """Plan-order query ``(T, lq)`` and key ``(T, lk)`` indices of equal-shaped pieces."""
     q_idx = torch.stack([torch.arange(p.q_lo, p.q_hi, device=device) for p in pieces])  # (T, lq)
@@ -341,31 +415,21 @@ def _take(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
     return rows.movedim(2, 0).flatten(0, 1)  # (T, R, H, l, D) -> (T*R, H, l, D)
 
 
-def _run_group(call, pieces, mode, q, k, v, rows, q_map, kv_map) -> torch.Tensor:
-    """Run equal-shaped pieces as one kernel call: ``(T, R, H, lq, Dv)``."""
-    T, R, H = len(pieces), q.shape[0], q.shape[1]
-    p0 = pieces[0]
-    if T == 1 and len(p0.kv) == 1:  # views, no copies
-        qs = q[:, :, p0.q_lo:p0.q_hi]  # (R, H, lq, D)
-        ks, vs = (x[:, :, p0.kv[0][0]:p0.kv[0][1]] for x in (k, v))  # (R, Hkv, lk, D)
-    else:
-        q_idx, kv_idx = _index(pieces, q.device)
-        qs, ks, vs = _take(q, q_idx), _take(k, kv_idx), _take(v, kv_idx)  # (T*R, H|Hkv, l, D)
-    attn_mask = empty = None
-    if mode == "mask":
-        attn_mask, empty = _piece_mask(pieces, call.prepared, rows, q_map, kv_map)
-        attn_mask = attn_mask.expand(T, R, *attn_mask.shape[2:]).flatten(0, 1)  # (T*R, H|1, lq, lk)
-        empty = empty.expand(T, R, *empty.shape[2:]).flatten(0, 1)  # (T*R, H|1, lq, 1)
-    if call.sinks is not None:  # a piece holds whole rows: its log-sum-exp is the row's (backends.sinks)
-        out = attention_with_sinks(qs, ks, vs, call.sinks, attn_mask, mode == "causal", call.scale)  # (T*R, H, lq, Dv)
-    else:
-        out = F.scaled_dot_product_attention(
-            qs, ks, vs, attn_mask=attn_mask, dropout_p=call.dropout_p, is_causal=mode == "causal",
-            scale=call.scale, enable_gqa=call.num_kv_heads != call.num_heads,
-        )  # (T*R, H, lq, Dv)
-    if empty is not None:
-        out = out.masked_fill(empty, 0.0)
-    return out.view(T, R, H, *out.shape[2:])  # (T, R, H, lq, Dv)
+def _group_mask(call, pieces, rows, q_map, kv_map, dtype) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The additive kernel mask of stacked pieces, 0 where allowed and ``-inf`` elsewhere, ``(T|1, R|1, H|1,
+    lq, lk)`` in ``dtype``, and their empty rows ``(T|1, R|1, H|1, lq, 1)`` (None when there are none), kept in
+    the prepared mask's memo: every layer and call with that mask reuses them. Pieces whose masks are all the
+    same (a window's band of blocks) keep one, ``T = 1``, which the kernel broadcasts."""
+    key = ("blocksparse_mask", dtype, tuple(rows.tolist()), tuple(pieces))
+    return call.prepared.memo(key, lambda: _build_group_mask(pieces, call.prepared, rows, q_map, kv_map, dtype))
+
+
+def _build_group_mask(pieces, prepared: PreparedMask, rows, q_map, kv_map, dtype):
+    allowed, empty = _piece_mask(pieces, prepared, rows, q_map, kv_map)  # (T, R|1, H|1, lq, lk), (..., lq, 1)
+    if allowed.shape[0] > 1 and bool((allowed == allowed[:1]).all()):
+        allowed, empty = allowed[:1], empty[:1]
+    additive = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device).masked_fill_(~allowed, float("-inf"))
+    return additive, (empty if bool(empty.any()) else None)
 
 
 def _piece_mask(pieces, prepared: PreparedMask, rows, q_map, kv_map):
