@@ -16,7 +16,7 @@ CPUS = os.cpu_count() or 1
 @pytest.mark.parametrize(("args", "words"), [
     (["lab", "positions", "--quick", "--threads", "100000"],
      f"threads must be an int from 1 to this machine's {CPUS} CPUs, got 100000"),
-    (["lab", "positions", "--quick", "--threads", "0"], "threads must be an int from 1"),
+    (["lab", "positions", "--quick", "--threads", "0"], "threads must be >= 1, got 0"),
     (["bench", "attention", "--name", "../..", "--n", "8"], "--name '../..' must be a plain file name"),
     (["bench", "attention", "--name", "/tmp/x", "--n", "8"], "--name '/tmp/x' must be a plain file name"),
     (["bench", "attention", "--repeats", "0"], "--repeats must be > 0 (a size, a count or a budget), got 0"),

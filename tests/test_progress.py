@@ -4,6 +4,7 @@ terminal, silence for short work and with ATTNKIT_PROGRESS=0; labs name themselv
 from __future__ import annotations
 
 import io
+import sys
 
 import pytest
 
@@ -85,3 +86,22 @@ def test_no_module_imports_tqdm_auto():
              if re.search(r"^\s*(from\s+tqdm\.(auto|autonotebook|notebook)\s+import|import\s+tqdm\.(auto|autonotebook|"
                           r"notebook))", p.read_text(), re.M)]
     assert found == []
+
+
+def test_lines_printed_while_a_tqdm_bar_is_shown_clear_it_first(monkeypatch):
+    """A line of the trainer (a checkpoint written) while the tqdm bar is drawn: the bar is cleared, the line
+    printed, the bar drawn again (issue 31.5: they collided)."""
+    from tqdm.auto import tqdm
+
+    from attnkit import _progress
+
+    events = []
+    bar = tqdm(total=3, file=sys.stderr, disable=False)
+    monkeypatch.setattr(bar, "clear", lambda *a, **k: events.append("clear"))
+    monkeypatch.setattr(bar, "refresh", lambda *a, **k: events.append("draw"))
+    with _progress.clear_of(bar):
+        events.append("line")
+    bar.close()
+    assert events[:3] == ["clear", "line", "draw"]
+    with _progress.clear_of(None):  # no bar, or plain lines: nothing to clear
+        pass

@@ -11,6 +11,7 @@ lab heads: training H=4: 400/400 steps, done in 31 s
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import time
@@ -103,3 +104,15 @@ def progress(iterable: Iterable, *, desc: str, unit: str = "step", total: int | 
             lines.update()
     finally:
         lines.close()
+
+
+@contextlib.contextmanager
+def clear_of(bar):
+    """Print lines while ``bar`` (from :func:`bar`, or None) is shown: a tqdm bar is cleared first and drawn again
+    after, so a line never lands in the middle of it; plain progress lines need nothing."""
+    write_mode = getattr(type(bar), "external_write_mode", None)
+    if write_mode is None:
+        yield
+        return
+    with write_mode():
+        yield

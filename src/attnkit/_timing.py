@@ -26,8 +26,10 @@ CALLS = [0]
 
 
 def round_robin(fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 2,
-                device: torch.device | str | None = None, seed: int = 0) -> dict[str, float]:
-    """Median seconds per contender; each round runs every contender once in a random order."""
+                device: torch.device | str | None = None, seed: int = 0,
+                samples: dict[str, list[float]] | None = None) -> dict[str, float]:
+    """Median seconds per contender; each round runs every contender once in a random order. ``samples``, when
+    given, receives every contender's timings (seconds, in the order they ran) appended to its list."""
     for fn in fns.values():
         for _ in range(warmup):
             fn()
@@ -42,4 +44,7 @@ def round_robin(fns: dict[str, Callable[[], object]], repeats: int, warmup: int 
             sync(device)
             times[name].append(time.perf_counter() - start)
             CALLS[0] += 1
+    if samples is not None:
+        for name, ts in times.items():
+            samples.setdefault(name, []).extend(ts)
     return {name: statistics.median(ts) for name, ts in times.items()}

@@ -102,3 +102,23 @@ def test_a_target_is_judged_only_on_cells_known_to_20_percent():
     assert shaky["met"] is None and shaky["unstable_cells"] == 1  # "can't say", never "NOT met" on noise
     assert dispatch.spread([1.0, 1.0, 1.0, 1.0, 1.0]) == 0
     assert dispatch.spread([0.5, 0.9, 1.0, 1.1, 3.0]) == pytest.approx(0.2)
+
+
+def test_round_robin_hands_out_its_samples_and_a_slowed_cell_is_unstable(monkeypatch):
+    samples = {}
+    common.round_robin({"a": lambda: None, "b": lambda: None}, 7, warmup=0, samples=samples)
+    assert sorted(samples) == ["a", "b"] and all(len(ts) == 7 and min(ts) > 0 for ts in samples.values())
+    quiet = dispatch.decode_cell(1, 1, "GQA", torch.float32, 32, 10)
+    assert {"spread", "inflation", "unstable"} <= set(quiet) and quiet["inflation"] >= 1.0
+
+    real = common.round_robin
+
+    def slowed(fns, repeats, warmup=2, device=None, seed=0, samples=None):  # most calls 3x their fastest
+        out = real(fns, repeats, warmup, device, seed, samples)
+        for ts in samples.values():
+            ts[:] = [ts[0]] + [3 * ts[0]] * (len(ts) - 1)
+        return out
+
+    monkeypatch.setattr(dispatch, "round_robin", slowed)
+    cell = dispatch.decode_cell(1, 1, "GQA", torch.float32, 32, 10)
+    assert cell["inflation"] == pytest.approx(3.0) and cell["unstable"]

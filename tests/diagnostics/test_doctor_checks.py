@@ -16,7 +16,7 @@ from diag_zoo import (
 )
 
 import attnkit as ak
-from attnkit.diagnostics.checks import ORDER
+from attnkit.diagnostics.checks import names
 
 FN_CHECKS = ["causal-leak", "padding-leak", "packing-leak", "scale", "mask-placement", "layout", "low-precision",
              "backend-agreement"]
@@ -25,7 +25,7 @@ FN_CHECKS = ["causal-leak", "padding-leak", "packing-leak", "scale", "mask-place
 def test_bare_function_needs_nothing_else():
     report = ak.doctor.examine(good_attention)
     assert report.ok, str(report)
-    assert [r.name for r in report.results] == ORDER
+    assert [r.name for r in report.results] == names()
     assert {r.name for r in report.results if r.status == "PASS"} == set(FN_CHECKS)
     assert {r.name for r in report.results if r.status == "SKIP"} == {"departures", "kv-cache", "init",
                                                                      "attention-health", "overfit", "extrapolation",

@@ -61,7 +61,7 @@ def test_linear_attention_models_are_refused():
 def test_context_parallel_run_resumes_bitwise(tmp_path):
     import shutil
 
-    from attnkit.runs.write import list_checkpoints
+    from attnkit.runs.read import list_checkpoints
 
     run = tmp_path / "run"
     first = _torchrun(2, *cli_args(run, *ARGS, "--ckpt-every", "2", "--context-parallel", "2"))

@@ -147,7 +147,8 @@ def test_report_on_a_converted_run_uses_its_tokenizer(hf_folder, tmp_path, capsy
 
 def _trained_run(path):
     from attnkit.models.builders import build_lm
-    from attnkit.runs.write import list_checkpoints, save_checkpoint
+    from attnkit.runs.read import list_checkpoints
+    from attnkit.runs.write import save_checkpoint
 
     model = build_lm("nano", num_layers=1)
     for step in (100, 200):
@@ -157,7 +158,7 @@ def _trained_run(path):
 
 def test_convert_refuses_an_existing_run_and_replaces_it_only_when_asked(hf_folder, tmp_path, capsys):
     """The regression: --out on a trained run pruned its checkpoints (and the new one) and printed success."""
-    from attnkit.runs.write import list_checkpoints
+    from attnkit.runs.read import list_checkpoints
 
     folder, _, _ = hf_folder
     run = tmp_path / "run"

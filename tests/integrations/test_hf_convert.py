@@ -112,10 +112,10 @@ def test_bert_to_hf_is_the_encoder_and_its_hidden_states_give_the_logits():
 
 
 def test_to_hf_refuses_a_family_converted_one_way(monkeypatch):
-    from attnkit.integrations.hf import convert
+    from attnkit.integrations.hf import families
 
-    one_way = convert.Family(("one-way",), convert.FAMILIES["bert"].config, convert.FAMILIES["bert"].params)
-    monkeypatch.setitem(convert.FAMILIES, "one-way", one_way)
+    one_way = families.Family(("one-way",), families.FAMILIES["bert"].config, families.FAMILIES["bert"].params)
+    monkeypatch.setitem(families.FAMILIES, "one-way", one_way)
     bert = from_hf(build("bert", "sdpa"))
     with pytest.raises(BackendUnsupportedError, match=r"model_type='one-way' is converted one way \(into attnkit\); "
                                                       r"to_hf supports \['bert', 'gemma3_text', 'gpt2', 'llama', "
@@ -241,18 +241,18 @@ def test_config_fields_without_an_attnkit_form_are_named(family, overrides, mess
 
 def test_from_hf_type_and_mapping_errors():
     from attnkit.errors import AttnkitTypeError, AttnkitValueError
-    from attnkit.integrations.hf import convert
+    from attnkit.integrations.hf import families
 
     with pytest.raises(AttnkitTypeError, match="hf_model must be a transformers PreTrainedModel"):
         from_hf(torch.nn.Linear(2, 2))
-    gpt2 = convert.FAMILIES["gpt2"]
-    broken = convert.Family(("gpt2",), gpt2.config, lambda cfg: gpt2.params(cfg)[1:], gpt2.causal_lm, gpt2.hf_config)
-    convert.register_family(broken)
+    gpt2 = families.FAMILIES["gpt2"]
+    broken = families.Family(("gpt2",), gpt2.config, lambda cfg: gpt2.params(cfg)[1:], gpt2.causal_lm, gpt2.hf_config)
+    families.register_family(broken)
     try:
         with pytest.raises(AttnkitValueError, match=r"attnkit parameters without a source \['embed.weight'\]"):
             from_hf(build("gpt2", "eager"))
     finally:
-        convert.register_family(gpt2)
+        families.register_family(gpt2)
     interleaved = from_hf(build("llama", "eager"))
     interleaved = type(interleaved)(interleaved.config.replace(rope_style="interleaved"))
     with pytest.raises(AttnkitValueError, match="rope_style='interleaved': transformers rotates half-split pairs"):

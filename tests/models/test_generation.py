@@ -77,11 +77,13 @@ def test_cache_kinds_give_the_same_tokens(model, kind):
         ({"prompts": []}, AttnkitValueError, "prompts must be a non-empty list"),
         ({"prompts": [[1], []]}, AttnkitValueError, "prompts must be a non-empty list"),
         ({"prompts": [[1, -2]]}, AttnkitValueError, "non-negative int token ids"),
-        ({"max_new_tokens": -1}, AttnkitValueError, "max_new_tokens must be an int >= 0"),
-        ({"temperature": -0.5}, AttnkitValueError, "temperature must be a finite number >= 0"),
-        ({"top_k": 5}, AttnkitValueError, "only apply when sampling"),
-        ({"temperature": 1.0, "top_k": 0}, AttnkitValueError, r"top_k must be a positive int, got 0; or None"),
-        ({"temperature": 1.0, "top_p": 1.5}, AttnkitValueError, r"top_p must be in \(0, 1\]"),
+        ({"max_new_tokens": -1}, AttnkitValueError, r"max_new_tokens must be >= 0, got -1; e.g. max_new_tokens=200"),
+        ({"max_new_tokens": 2.5}, AttnkitTypeError, "max_new_tokens must be an int, got"),
+        ({"temperature": -0.5}, AttnkitValueError, r"temperature must be >= 0, got -0.5; 0 = greedy"),
+        ({"temperature": float("nan")}, AttnkitTypeError, "temperature must be a finite number"),
+        ({"top_k": 5}, AttnkitValueError, "top_k / top_p only apply when sampling, but temperature 0 is greedy"),
+        ({"temperature": 1.0, "top_k": 0}, AttnkitValueError, r"top_k must be >= 1, got 0; leave top_k out"),
+        ({"temperature": 1.0, "top_p": 1.5}, AttnkitValueError, r"top_p must be in \(0, 1\], got 1.5"),
         ({"stop_tokens": ["eos"]}, AttnkitTypeError, "stop_tokens must be a collection of int"),
         ({"model": torch.nn.Linear(2, 2)}, AttnkitTypeError, "model must be a decoder model"),
         ({"cache": "sliding"}, AttnkitValueError, "kind='sliding' needs window"),
@@ -301,3 +303,22 @@ def test_learned_positions_refuse_when_called_before_any_token():
     model = build_lm("nano", vocab_size=50, max_seq_len=16, positions="learned").eval()
     with pytest.raises(AttnkitValueError, match="the model's learned positions hold 16; pass max_new_tokens=12"):
         stream_generate(model, [[1, 2, 3, 4]], max_new_tokens=13)  # no next(): refused at the call
+
+
+def test_generates_rules_live_once_in_the_library():
+    """``attnkit generate`` checks its flags with the library's rules, named as flags (issue 28 item 5): the CLI
+    module spells none of the rules itself."""
+    import inspect
+
+    from attnkit.cli import generate as cli_generate
+    from attnkit.models.generation import check_sampling
+
+    source = inspect.getsource(cli_generate.check_flags)
+    assert "check_sampling(" in source and "top_p" in source
+    assert not any(rule in source for rule in ("< 0", "< 1", "<= 1", "isfinite", "== 0"))
+    flags = {"max_new_tokens": "--max-new-tokens", "temperature": "--temperature", "top_k": "--top-k",
+             "top_p": "--top-p"}
+    with pytest.raises(AttnkitValueError, match=r"--top-k / --top-p only apply when sampling, but --temperature 0"):
+        check_sampling(5, 0.0, 3, None, names=flags.get)
+    with pytest.raises(AttnkitValueError, match=r"--max-new-tokens must be >= 0, got -3; e.g. --max-new-tokens 200"):
+        check_sampling(-3, 1.0, None, None, names=flags.get)

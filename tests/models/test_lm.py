@@ -12,14 +12,10 @@ import torch.nn.functional as F
 from attnkit import masks
 from attnkit.errors import AttnkitTypeError, AttnkitValueError
 from attnkit.functional.reference import reference_attention
+from attnkit.models.blocks import ATTENTION_LAYERS, register_attention_layer, softmax_attention
 from attnkit.models.builders import PRESETS, build_encoder, build_lm, embed_sequences, lm_config
-from attnkit.models.lm import (
-    ATTENTION_LAYERS,
-    LMConfig,
-    TransformerLM,
-    register_attention_layer,
-    softmax_attention,
-)
+from attnkit.models.config import LMConfig
+from attnkit.models.lm import TransformerLM
 from attnkit.training.data import restart_positions
 from oracle import assert_within_rule
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from attnkit.errors import AttnkitTypeError, AttnkitValueError
 from attnkit.positions import LinearScaling, Llama3Scaling, NTKScaling, RoPE, YaRNScaling, convert_rope_layout
-from attnkit.positions.rope import rope_inv_freq, scaling_from_dict
+from attnkit.positions.rope_scaling import rope_inv_freq, scaling_from_dict
 
 SCALINGS = [None, LinearScaling(2.0), NTKScaling(4.0), YaRNScaling(4.0, original_max_positions=64),
             Llama3Scaling(8.0, original_max_positions=64)]

@@ -7,7 +7,8 @@ from pathlib import Path
 import pytest
 
 from attnkit.cli.main import main
-from attnkit.runs.source import RemoteCodeRefused, open_source
+from attnkit.integrations.remote_code import RemoteCodeRefused
+from attnkit.runs.source import open_source
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 from train_helpers import small_config  # noqa: E402

@@ -22,7 +22,7 @@ def test_bad_settings_name_the_argument():
         SweepConfig(preset="huge", trial_steps=1)
     with pytest.raises(AttnkitValueError, match=r"an empty space= names no knob"):
         SweepConfig(space={}, trial_steps=1)
-    with pytest.raises(AttnkitValueError, match=r"minutes=-1 must be a number of minutes > 0"):
+    with pytest.raises(AttnkitValueError, match=r"minutes must be > 0, got -1"):
         SweepConfig(minutes=-1)
     with pytest.raises(AttnkitValueError, match=r"space= must be a dict of knob -> values, got list"):
         normalised(["heads=1"])

@@ -114,7 +114,7 @@ def test_minutes_and_trial_steps_exclude_each_other():
         SweepConfig(minutes=1, trial_steps=3)
     with pytest.raises(AttnkitValueError, match="not neither"):
         SweepConfig()
-    with pytest.raises(AttnkitValueError, match=r"seeds=-1 must be an int >= 0"):
+    with pytest.raises(AttnkitValueError, match=r"seeds must be >= 0, got -1"):
         SweepConfig(trial_steps=2, seeds=-1)
     with pytest.raises(AttnkitValueError, match=r"grid=True needs lists of values"):
         SweepConfig(trial_steps=2, grid=True, space={"lr": "1e-3..1e-2"})

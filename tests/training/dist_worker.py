@@ -5,10 +5,12 @@ differ as a real machine could, then the command line runs (its exit status is t
 - ``plain``: nothing changed;
 - ``own-decisions``: this rank's measurements would choose bf16 and another step count on rank 1 (a slower
   or differently equipped machine), fp32 on rank 0;
-- ``stops``: rank 1 stops answering (sleeps) in step 3, as a rank stopped by a debugger or a dead NFS mount.
+- ``stops``: rank 1 stops answering (sleeps) in step 3, as a rank stopped by a debugger or a dead NFS mount;
+- ``signal``: rank 1 gets SIGTERM in step 3 (a scheduler's stop that reached one rank first).
 """
 
 import os
+import signal
 import sys
 import time
 
@@ -38,7 +40,18 @@ def stops():
     loop.optimizer_step = step
 
 
+def signal_rank_1():
+    real = loop.optimizer_step
+
+    def step(setup, progress, **kwargs):
+        if RANK == 1 and progress.step + 1 == 3:
+            os.kill(os.getpid(), signal.SIGTERM)  # the handler only sets the request: the step finishes
+        return real(setup, progress, **kwargs)
+
+    loop.optimizer_step = step
+
+
 if __name__ == "__main__":
     scenario, args = sys.argv[1], sys.argv[2:]
-    {"plain": lambda: None, "own-decisions": own_decisions, "stops": stops}[scenario]()
+    {"plain": lambda: None, "own-decisions": own_decisions, "stops": stops, "signal": signal_rank_1}[scenario]()
     sys.exit(main(args))

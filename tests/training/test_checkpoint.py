@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from attnkit.models.builders import build_lm
+from attnkit.runs import read as reader
 from attnkit.runs import write as ckpt
 from attnkit.training import load_model, param_groups
 
@@ -41,7 +42,7 @@ def test_round_trip_restores_weights_tying_optimizer_and_rng(tmp_path, monkeypat
     monkeypatch.setattr(torch, "load", no_pickles)
     fresh = build_lm("nano")
     fresh_opt = torch.optim.AdamW(param_groups(fresh, 0.1), lr=1e-3)
-    state, _ = ckpt.load_checkpoint(ckpt.resolve(tmp_path), fresh, fresh_opt)
+    state, _ = ckpt.load_checkpoint(reader.resolve(tmp_path), fresh, fresh_opt)
     assert state["step"] == 7 and state["note"] == "x"
     assert torch.equal(torch.rand(3), expected[0]) and (random.random(), np.random.rand()) == expected[1:]
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), fresh.state_dict().values()))
@@ -57,7 +58,7 @@ def test_atomic_write_leaves_no_partial_folder_and_keeps_the_newest(tmp_path, mo
     model, opt = _trained(1)
     for step in (1, 2, 3):
         ckpt.save_checkpoint(tmp_path, step, model, opt, {}, keep=2)
-    assert [p.name for p in ckpt.list_checkpoints(tmp_path)] == ["step_00000002", "step_00000003"]
+    assert [p.name for p in reader.list_checkpoints(tmp_path)] == ["step_00000002", "step_00000003"]
 
     def crash(*args, **kwargs):
         raise KeyboardInterrupt  # a kill in the middle of writing
@@ -68,7 +69,7 @@ def test_atomic_write_leaves_no_partial_folder_and_keeps_the_newest(tmp_path, mo
     assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_00000002", "step_00000003"] or \
         sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step_00000002", "step_00000003"]
     (tmp_path / "checkpoints" / ".tmp-step_00000005-abc").mkdir()  # what a SIGKILL mid-write leaves
-    assert ckpt.resolve(tmp_path).name == "step_00000003"
+    assert reader.resolve(tmp_path).name == "step_00000003"
 
 
 @pytest.mark.parametrize(("damage", "match"), [
@@ -84,24 +85,24 @@ def test_corrupt_checkpoint_gives_a_clear_error_naming_the_previous_one(tmp_path
     model, opt = _trained(1)
     for step in (1, 2):
         ckpt.save_checkpoint(tmp_path, step, model, opt, {"model_config": model.config.to_dict()})
-    newest = ckpt.resolve(tmp_path)
+    newest = reader.resolve(tmp_path)
     damage(newest)
-    with pytest.raises(ckpt.CheckpointError, match=match) as info:
+    with pytest.raises(reader.CheckpointError, match=match) as info:
         ckpt.load_checkpoint(newest, build_lm("nano"))
     assert "step_00000001 is intact" in str(info.value)
-    ckpt.load_checkpoint(ckpt.list_checkpoints(tmp_path)[0], build_lm("nano"))  # the previous one still loads
+    ckpt.load_checkpoint(reader.list_checkpoints(tmp_path)[0], build_lm("nano"))  # the previous one still loads
 
 
 def test_errors_for_missing_and_mismatched(tmp_path):
-    with pytest.raises(ckpt.CheckpointError, match="no checkpoint found in"):
-        ckpt.resolve(tmp_path)
+    with pytest.raises(reader.CheckpointError, match="no checkpoint found in"):
+        reader.resolve(tmp_path)
     model, opt = _trained(1)
     ckpt.save_checkpoint(tmp_path, 1, model, opt, {})
-    with pytest.raises(ckpt.CheckpointError, match="does not match the model"):
-        ckpt.load_weights(ckpt.resolve(tmp_path), build_lm("nano", num_layers=1))
+    with pytest.raises(reader.CheckpointError, match="does not match the model"):
+        reader.load_weights(reader.resolve(tmp_path), build_lm("nano", num_layers=1))
     only = build_lm("nano")
     ckpt.save_checkpoint(tmp_path / "b", 1, only, None, {})
-    assert ckpt.read_state(ckpt.resolve(tmp_path / "b"))["optimizer"] == {}
-    with pytest.raises(ckpt.CheckpointError, match="no earlier checkpoint exists"):
-        (ckpt.resolve(tmp_path / "b") / "state.json").write_text("{")
-        ckpt.read_state(ckpt.resolve(tmp_path / "b"))
+    assert reader.read_state(reader.resolve(tmp_path / "b"))["optimizer"] == {}
+    with pytest.raises(reader.CheckpointError, match="no earlier checkpoint exists"):
+        (reader.resolve(tmp_path / "b") / "state.json").write_text("{")
+        reader.read_state(reader.resolve(tmp_path / "b"))

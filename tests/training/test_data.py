@@ -93,7 +93,7 @@ def test_unigram_baseline_is_the_entropy_of_uniform_data():
     (lambda p: load_documents(p), "has no text files"),
     (lambda p: split_by_file([("a", b"x")], 1.5), "val_fraction must be in"),
     (lambda p: PackedDataset([("a", b"abc")], seq_len=8), "fewer than one row"),
-    (lambda p: PackedDataset([("a", b"abc")], seq_len=1), "seq_len must be an int >= 2"),
+    (lambda p: PackedDataset([("a", b"abc")], seq_len=1), "seq_len must be >= 2"),
 ])
 def test_errors(tmp_path, make, match):
     with pytest.raises(AttnkitValueError, match=match):

@@ -84,3 +84,51 @@ def test_every_rank_follows_rank_0s_plan(tmp_path, monkeypatch):
     result = train(small_config(tmp_path, time_budget=60.0, steps=None, ckpt_every=1000), log=lambda *a: None,
                    hooks=[slow_step], clock=clock)
     assert result.step == 7 and len(asked) == 7 and min(asked) > 7  # its own plans asked for, rank 0's followed
+
+
+def _slow_run(tmp_path, monkeypatch, load, step_s=5.0):
+    """A 60 s budget whose steps take ``step_s`` on the injected clock (the probe measured milliseconds), on a
+    machine whose 1-minute load is ``load`` on 2 CPUs; returns what the run said."""
+    from attnkit.training import deadline as deadline_module
+
+    monkeypatch.setattr(deadline_module, "load_average", lambda: (load, 2))
+    clock, said = FakeClock(), []
+
+    def slow_step(trainer, record):
+        clock.now += step_s
+
+    train(small_config(tmp_path, time_budget=60.0, steps=None, ckpt_every=1000), log=said.append,
+          hooks=[slow_step], clock=clock)
+    return said, json.loads((tmp_path / "config.json").read_text())["time_budget"]
+
+
+def test_a_short_run_says_why_it_is_short(tmp_path, monkeypatch):
+    """Issue 31.4: a --minutes run whose steps take far longer than the probe's estimate says so at its end (the
+    steps it ran against the first plan, how much slower, whether the machine was busy)."""
+    said, budget = _slow_run(tmp_path, monkeypatch, load=0.5)
+    notes = [line for line in said if line.startswith("note: ")]
+    assert len(notes) == 1, said
+    assert f"{budget['ran']} steps ran where the probe planned {budget['first_plan']}: the steps took" in notes[0]
+    assert "x the probe's estimate" in notes[0] and "not busy at the start or the end" in notes[0]
+    assert budget["step_s"] > 10 * budget["probe_step_s"] and budget["cpus"] == 2
+
+
+def test_a_busy_machine_is_said_at_the_start_and_the_end(tmp_path, monkeypatch):
+    said, _ = _slow_run(tmp_path / "busy", monkeypatch, load=6.5)
+    busy = [line for line in said if "this machine is busy (1-minute load 6.5 on 2 CPUs)" in line]
+    assert len(busy) == 1 and "time_budget trains fewer steps" in busy[0]
+    assert any("the machine was busy (1-minute load at the start 6.5, at the end 6.5 on 2 CPUs)" in line
+               for line in said), said
+
+
+def test_a_run_at_the_probes_pace_says_nothing(tmp_path, monkeypatch):
+    from attnkit.training import deadline as deadline_module
+
+    monkeypatch.setattr(deadline_module, "load_average", lambda: (0.5, 2))
+    deadline = Deadline(60.0, FakeClock())
+    deadline.planned(2.0)
+    deadline.start_loop(0)
+    deadline.clock.now = 10 * 2.5  # 10 steps at 2.5 s: within 2x of the probe
+    assert deadline.short_note(10, 12) is None and deadline.busy_note() is None
+    deadline.clock.now = 10 * 4.5
+    assert "the steps took 2.2x the probe's estimate" in deadline.short_note(10, 12)

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from safetensors.torch import load_file
 from train_helpers import cli_args, run_cli
 
-from attnkit.runs.write import list_checkpoints
+from attnkit.runs.read import list_checkpoints
 from attnkit.training.metrics import read_metrics
 
 ARGS = ["--steps", "6", "--batch-size", "4", "--accum", "2", "--ckpt-every", "6", "--seq-len", "48"]

@@ -125,6 +125,21 @@ def test_rank_0_decides_precision_and_the_minutes_step_count_for_every_rank(tmp_
     assert "world 2" in results[0][1]
 
 
+def test_a_stop_on_one_rank_says_the_same_on_every_rank(tmp_path):
+    """SIGTERM reaches rank 1 in step 3: every rank stops after that step, checkpointed once by rank 0, and every
+    rank names that checkpoint (not "None") and the whole resume command, torchrun included (issue 31.5)."""
+    run = tmp_path / "run"
+    results, _ = _two_ranks("signal", lambda r: cli_args(run, "--steps", "8", "--ckpt-every", "4"), timeout_s=60)
+    checkpoint = run / "checkpoints" / "step_00000003"
+    for rank, (code, _, err) in enumerate(results):
+        assert code == 128 + 15, err[-2000:]
+        who = "SIGTERM" if rank == 1 else "another rank"
+        assert f"stopped by {who} after step 3/8: checkpoint {checkpoint} written" in err, err[-2000:]
+        assert "None" not in err and "Traceback" not in err
+        assert f"resume with: torchrun --standalone --nproc-per-node 2 -m attnkit.cli.main train --resume {run}" in err
+    assert [p.name for p in list_checkpoints(run)] == ["step_00000003"]
+
+
 def _auto(args):
     """The arguments with ``--precision auto`` (the helpers pin fp32)."""
     i = args.index("--precision")

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from train_helpers import small_config
 
 from attnkit.models.builders import build_lm
+from attnkit.runs import read as reader
 from attnkit.runs import write as ckpt
 from attnkit.training import load_model, train
 from attnkit.training.metrics import read_metrics
@@ -40,7 +42,7 @@ def _copy(run, tmp_path):
 def test_random_bit_flips_in_the_manifest_are_all_rejected(run, tmp_path):
     """168 of 300 random flips were accepted before the manifest carried its own hash."""
     copy = _copy(run, tmp_path)
-    newest = ckpt.resolve(copy)
+    newest = reader.resolve(copy)
     original = (newest / "state.json").read_bytes()
     rng = random.Random(0)
     accepted = []
@@ -50,20 +52,20 @@ def test_random_bit_flips_in_the_manifest_are_all_rejected(run, tmp_path):
         data[bit // 8] ^= 1 << (bit % 8)
         (newest / "state.json").write_bytes(bytes(data))
         try:
-            ckpt.read_state(newest)
+            reader.read_state(newest)
             accepted.append(bit)
-        except ckpt.CheckpointError:
+        except reader.CheckpointError:
             pass
     assert accepted == [], f"{len(accepted)} of 300 bit flips were accepted (bits {accepted[:10]})"
     (newest / "state.json").write_bytes(original)
-    assert ckpt.read_state(newest)["step"] == 8  # the undamaged manifest still verifies
+    assert reader.read_state(newest)["step"] == 8  # the undamaged manifest still verifies
 
 
 def _rewrite(path, change):
     """Edit a manifest and re-seal it with a valid own hash: only the semantic checks can catch it."""
     state = json.loads((path / "state.json").read_text())
     change(state)
-    (path / "state.json").write_bytes(ckpt.manifest_bytes(state))
+    (path / "state.json").write_bytes(reader.manifest_bytes(state))
 
 
 @pytest.mark.parametrize(("change", "match"), [
@@ -75,18 +77,18 @@ def _rewrite(path, change):
 ])
 def test_resealed_manifests_with_bad_content_are_rejected(run, tmp_path, change, match):
     copy = _copy(run, tmp_path)
-    newest = ckpt.resolve(copy)
+    newest = reader.resolve(copy)
     _rewrite(newest, change)
-    with pytest.raises(ckpt.CheckpointError, match=match):
-        ckpt.read_state(newest)
+    with pytest.raises(reader.CheckpointError, match=match):
+        reader.read_state(newest)
 
 
 def test_edited_step_without_resealing_is_rejected(run, tmp_path):
     copy = _copy(run, tmp_path)
-    newest = ckpt.resolve(copy)
+    newest = reader.resolve(copy)
     text = (newest / "state.json").read_text().replace('"step": 8', '"step": 4')
     (newest / "state.json").write_text(text)
-    with pytest.raises(ckpt.CheckpointError, match="do not match its own manifest_sha256"):
+    with pytest.raises(reader.CheckpointError, match="do not match its own manifest_sha256"):
         load_model(copy)
 
 
@@ -94,18 +96,18 @@ def test_a_foreign_runs_checkpoint_is_not_adopted(run, tmp_path):
     other = tmp_path / "other"
     train(small_config(other, steps=12, ckpt_every=12), log=_quiet)
     copy = _copy(run, tmp_path)
-    shutil.copytree(ckpt.resolve(other), copy / "checkpoints" / "step_00000012")
-    with pytest.raises(ckpt.CheckpointError, match=r"belongs to another run \(run_id '[0-9a-f]{32}', this run folder "
+    shutil.copytree(reader.resolve(other), copy / "checkpoints" / "step_00000012")
+    with pytest.raises(reader.CheckpointError, match=r"belongs to another run \(run_id '[0-9a-f]{32}', this run folder "
                                                    r"is '[0-9a-f]{32}'\).*init_from="):
         load_model(copy)
-    with pytest.raises(ckpt.CheckpointError, match="belongs to another run"):
+    with pytest.raises(reader.CheckpointError, match="belongs to another run"):
         train(small_config(copy), resume=copy, log=_quiet)
 
 
 def test_only_the_checkpoints_own_regular_files_are_opened(run, tmp_path, monkeypatch):
     """A manifest naming /etc/hostname was read and hashed, /dev/zero hung generate forever."""
     copy = _copy(run, tmp_path)
-    newest = ckpt.resolve(copy)
+    newest = reader.resolve(copy)
     _rewrite(newest, lambda s: s["sha256"].update({"/dev/zero": "0" * 64}))
     opened = []
     real_open = os.open
@@ -116,7 +118,7 @@ def test_only_the_checkpoints_own_regular_files_are_opened(run, tmp_path, monkey
 
     monkeypatch.setattr(os, "open", spy)
     done = []
-    worker = threading.Thread(target=lambda: done.append(pytest.raises(ckpt.CheckpointError, ckpt.read_state, newest)))
+    worker = threading.Thread(target=lambda: done.append(pytest.raises(reader.CheckpointError, reader.read_state, newest)))
     worker.start()
     worker.join(timeout=60)
     assert done, "read_state did not return (a device was read)"
@@ -124,23 +126,23 @@ def test_only_the_checkpoints_own_regular_files_are_opened(run, tmp_path, monkey
     monkeypatch.undo()
     # a symlink or a device under a fixed name is refused too
     copy2 = _copy(run, tmp_path / "b")
-    newest2 = ckpt.resolve(copy2)
+    newest2 = reader.resolve(copy2)
     (newest2 / "model.safetensors").unlink()
     (newest2 / "model.safetensors").symlink_to("/dev/zero")
-    with pytest.raises(ckpt.CheckpointError, match="model.safetensors is not a regular file"):
-        ckpt.read_state(newest2)
+    with pytest.raises(reader.CheckpointError, match="model.safetensors is not a regular file"):
+        reader.read_state(newest2)
     (newest2 / "state.json").unlink()
     (newest2 / "state.json").symlink_to("/dev/zero")
-    with pytest.raises(ckpt.CheckpointError, match="state.json is not a regular file"):
-        ckpt.read_state(newest2)
+    with pytest.raises(reader.CheckpointError, match="state.json is not a regular file"):
+        reader.read_state(newest2)
 
 
 def test_folder_names_must_be_steps(run, tmp_path):
     copy = _copy(run, tmp_path)
     moved = copy / "best"
-    shutil.copytree(ckpt.resolve(copy), moved)
-    with pytest.raises(ckpt.CheckpointError, match="'best' is not a checkpoint folder|is not a checkpoint folder"):
-        ckpt.read_state(moved)
+    shutil.copytree(reader.resolve(copy), moved)
+    with pytest.raises(reader.CheckpointError, match="'best' is not a checkpoint folder|is not a checkpoint folder"):
+        reader.read_state(moved)
 
 
 def test_killed_writes_temporary_folders_are_cleaned_on_the_next_start(run, tmp_path):
@@ -177,7 +179,7 @@ def test_an_intact_history_resumes_without_a_warning(run, tmp_path):
 def test_manifest_round_trip_is_canonical(tmp_path):
     model = build_lm("nano", num_layers=1)
     path = ckpt.save_checkpoint(tmp_path, 3, model, None, {"betas": (0.9, 0.95), "loss": float("nan")})
-    state = ckpt.read_state(path)
+    state = reader.read_state(path)
     assert state["betas"] == [0.9, 0.95] and state["step"] == 3
 
 
@@ -188,30 +190,30 @@ def test_without_config_json_a_foreign_checkpoint_is_still_not_adopted(run, tmp_
     other = tmp_path / "other"
     train(small_config(other, steps=12, ckpt_every=12, seed=1), log=_quiet)
     copy = _copy(run, tmp_path)
-    shutil.copytree(ckpt.resolve(other), copy / "checkpoints" / "step_00000012")
+    shutil.copytree(reader.resolve(other), copy / "checkpoints" / "step_00000012")
     config = (copy / "config.json").read_bytes()
     (copy / "config.json").unlink()
-    with pytest.raises(ckpt.CheckpointError, match=r"has no readable config.json and its checkpoints belong to "
+    with pytest.raises(reader.CheckpointError, match=r"has no readable config.json and its checkpoints belong to "
                                                    r"different runs \(this one '[0-9a-f]{32}', step_00000004 "
                                                    r"'[0-9a-f]{32}', step_00000008 '[0-9a-f]{32}'\).*init_from="):
         load_model(copy)
-    with pytest.raises(ckpt.CheckpointError, match="belong to different runs"):
+    with pytest.raises(reader.CheckpointError, match="belong to different runs"):
         train(small_config(copy, steps=14), resume=copy, given={"steps"}, log=_quiet)
     (tmp_path / "elsewhere.json").write_bytes(config)
     (copy / "config.json").symlink_to(tmp_path / "elsewhere.json")
-    with pytest.raises(ckpt.CheckpointError, match=r"config.json is a symlink, so the run's identity cannot be "
+    with pytest.raises(reader.CheckpointError, match=r"config.json is a symlink, so the run's identity cannot be "
                                                    "trusted"):
         load_model(copy)
 
 
 def test_a_resume_writes_a_missing_config_json_back(run, tmp_path):
     copy = _copy(run, tmp_path)
-    run_id = ckpt.run_identity(copy)
+    run_id = reader.run_identity(copy)
     (copy / "config.json").unlink()
     assert load_model(copy) is not None  # one run's checkpoints only: still readable (a converted run has none)
     logs = []
     train(small_config(copy, steps=9), resume=copy, given={"steps"}, log=logs.append)
-    assert ckpt.run_identity(copy) == run_id
+    assert reader.run_identity(copy) == run_id
     assert any("config.json was missing: written again from the checkpoint" in line for line in logs), logs
 
 
@@ -231,7 +233,7 @@ def _swap_after_verification(monkeypatch, ckpt_dir, other_dir):
 
         def __exit__(self, *exc):
             result = self.f.__exit__(*exc)
-            for name in ckpt.FILES:
+            for name in reader.FILES:
                 shutil.copyfile(other_dir / name, ckpt_dir / f"{name}.new")
                 os.replace(ckpt_dir / f"{name}.new", ckpt_dir / name)
             return result
@@ -248,10 +250,10 @@ def test_the_bytes_loaded_are_the_bytes_verified(run, tmp_path, monkeypatch, loa
     other = tmp_path / "other"
     train(small_config(other, steps=8, ckpt_every=8, seed=3), log=_quiet)
     copy = _copy(run, tmp_path)
-    where = ckpt.resolve(copy)
-    genuine = ckpt.load_file(str(where / "model.safetensors"))
-    genuine_optim = ckpt.load_file(str(where / "optim.safetensors"))
-    _swap_after_verification(monkeypatch, where, ckpt.resolve(other))
+    where = reader.resolve(copy)
+    genuine = load_file(str(where / "model.safetensors"))
+    genuine_optim = load_file(str(where / "optim.safetensors"))
+    _swap_after_verification(monkeypatch, where, reader.resolve(other))
     if loader == "load_model":
         model = load_model(copy)
         assert torch.equal(model.embed.weight, genuine["embed.weight"]), "a file swapped in after the check was loaded"
@@ -260,4 +262,4 @@ def test_the_bytes_loaded_are_the_bytes_verified(run, tmp_path, monkeypatch, loa
         _, tensors = ckpt.load_checkpoint(where, model, None, restore_rng=False)
         assert torch.equal(model.embed.weight, genuine["embed.weight"]), "a file swapped in after the check was loaded"
         assert all(torch.equal(tensors[k], genuine_optim[k]) for k in genuine_optim), "optim file read twice"
-    assert not torch.equal(ckpt.load_file(str(where / "model.safetensors"))["embed.weight"], genuine["embed.weight"])
+    assert not torch.equal(load_file(str(where / "model.safetensors"))["embed.weight"], genuine["embed.weight"])

@@ -9,7 +9,7 @@ import pytest
 from train_helpers import copy_run, quiet, small_config, trained_run
 
 from attnkit.cli.main import main
-from attnkit.runs import write as ckpt
+from attnkit.runs import read as reader
 from attnkit.runs.folder import RunFolderError
 from attnkit.training import train
 from attnkit.training.metrics import read_metrics
@@ -43,7 +43,7 @@ def test_a_run_stopped_before_its_first_checkpoint_is_not_replaced_without_overw
 def test_the_report_of_a_checkpoint_goes_into_the_run_folder(trained, tmp_path, monkeypatch):
     run = _copy(trained, tmp_path)
     monkeypatch.chdir(tmp_path)
-    step = ckpt.list_checkpoints(run)[-1]
+    step = reader.list_checkpoints(run)[-1]
     assert main(["report", str(step), "--no-doctor", "--text", "def f"]) == 0
     assert (run / f"report-{step.name}.html").is_file()
     assert not (step / "report.html").exists() and not list(step.glob("*.html"))

@@ -12,8 +12,8 @@ from train_helpers import cli_args, small_config
 from attnkit.cli.main import main
 from attnkit.errors import AttnkitValueError
 from attnkit.models.builders import build_lm
-from attnkit.runs import write as ckpt
-from attnkit.runs.write import list_checkpoints
+from attnkit.runs import read as reader
+from attnkit.runs.read import list_checkpoints
 from attnkit.training import TrainConfig, Trainer, param_groups, start, train
 from attnkit.training import precision as prec
 from attnkit.training.metrics import read_metrics
@@ -93,7 +93,7 @@ def test_auto_precision_is_recorded_with_its_evidence_and_kept_on_resume(tmp_pat
     result = train(small_config(tmp_path, precision="auto", steps=6), resume=tmp_path, given={"steps"},
                    log=lambda *a: None)
     assert result.precision == "fp32" and len(calls) == 1  # not measured again on resume
-    state = json.loads((ckpt.resolve(tmp_path) / "state.json").read_text())
+    state = json.loads((reader.resolve(tmp_path) / "state.json").read_text())
     assert state["precision_evidence"]["summary"] == "fake measurement"
 
 

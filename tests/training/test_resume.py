@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 from train_helpers import cli_args, run_cli
 
-from attnkit.runs.write import list_checkpoints
+from attnkit.runs.read import list_checkpoints
 from attnkit.training.metrics import read_metrics
 
 STEPS = ["--dropout", "0.1", "--steps", "40", "--ckpt-every", "3", "--preset", "tiny", "--seq-len", "64", "--batch-size", "8"]

@@ -12,11 +12,13 @@ import sys
 
 import pytest
 import torch
+from safetensors.torch import load_file
 from train_helpers import CORPUS, cli_args, run_cli, small_config
 
 from attnkit.cli.main import main
 from attnkit.cli.train import flag
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, EnvironmentUnsupportedError
+from attnkit.runs import read as reader
 from attnkit.runs import write as ckpt
 from attnkit.runs.folder import RunFolder, RunFolderError, RunInUseError
 from attnkit.training import TrainConfig, TrainingDiverged, loop, steps, train, verdict
@@ -35,15 +37,17 @@ def _quiet(*args, **kwargs):
     ({"clip": 0.0}, AttnkitValueError, r"clip must be > 0.0, got 0.0"),
     ({"clip": float("nan")}, AttnkitTypeError, r"clip must be a finite number or inf, got nan"),
     ({"weight_decay": -1.0}, AttnkitValueError, r"weight_decay must be >= 0.0, got -1.0; a decay >= 0"),
-    ({"seq_len": 0}, AttnkitValueError, r"seq_len must be an int >= 2 \(tokens per row\), got 0"),
-    ({"seq_len": 1}, AttnkitValueError, r"seq_len must be an int >= 2"),
+    ({"seq_len": 0}, AttnkitValueError, r"seq_len must be >= 2, got 0; tokens per row"),
+    ({"seq_len": 1}, AttnkitValueError, r"seq_len must be >= 2"),
+    ({"seq_len": 2.5}, AttnkitTypeError, r"seq_len must be an int, got"),
     ({"lr": 0.0}, AttnkitValueError, r"lr must be > 0.0, got 0.0; a positive learning rate"),
     ({"lr": float("inf")}, AttnkitTypeError, r"lr must be a finite number, got inf"),
-    ({"warmup": -3}, AttnkitValueError, r"warmup must be an int >= 0"),
+    ({"warmup": -3}, AttnkitValueError, r"warmup must be >= 0, got -3; steps of warmup; 0 = no warmup"),
     ({"keep": 0}, AttnkitValueError, r"keep must be a positive int, got 0"),
     ({"min_lr_ratio": 1.5}, AttnkitValueError, r"min_lr_ratio must be in \[0.0, 1.0\], got 1.5; a share of lr"),
     ({"val_fraction": 1.0}, AttnkitValueError, r"val_fraction must be in \(0.0, 1.0\), got 1.0; a share of the data"),
-    ({"betas": (0.9, 1.0)}, AttnkitValueError, r"betas must be two numbers in \[0, 1\)"),
+    ({"betas": (0.9, 1.0)}, AttnkitValueError, r"betas\[1\] must be in \[0, 1\), got 1.0"),
+    ({"betas": (0.9,)}, AttnkitValueError, r"betas must be two numbers in \[0, 1\)"),
 ])
 def test_flags_that_can_only_be_mistakes_are_typed_errors(changes, error, match):
     with pytest.raises(error, match=match):
@@ -56,7 +60,7 @@ def test_clip_inf_turns_clipping_off():
 
 @pytest.mark.parametrize(("flags", "words"), [
     (["--clip", "-1"], "--clip must be"), (["--clip", "0"], "--clip must be"),
-    (["--weight-decay", "-1"], "--weight-decay must be"), (["--seq-len", "0"], "--seq-len must be an int >= 2"),
+    (["--weight-decay", "-1"], "--weight-decay must be"), (["--seq-len", "0"], "--seq-len must be >= 2"),
 ])
 def test_cli_flag_mistakes_exit_2_with_the_message_alone(tmp_path, flags, words):
     out = run_cli(cli_args(tmp_path / "run", "--steps", "2", *flags))
@@ -92,9 +96,9 @@ def test_a_nan_loss_stops_the_run_and_the_last_finite_checkpoint_stays_newest(tm
     with pytest.raises(TrainingDiverged, match=r"training stopped at step 7: the loss is nan .*nothing was saved for "
                                                r"this step, the newest checkpoint .*step_00000006 is the last finite"):
         train(small_config(tmp_path, steps=12, ckpt_every=3, eval_every=100), log=_quiet)
-    newest = ckpt.resolve(tmp_path)
+    newest = reader.resolve(tmp_path)
     assert newest.name == "step_00000006"
-    weights = ckpt.load_file(str(newest / "model.safetensors"))
+    weights = load_file(str(newest / "model.safetensors"))
     assert all(torch.isfinite(t).all() for t in weights.values())
     assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")][-1] == 6
 
@@ -115,35 +119,35 @@ def test_overwrite_failing_before_its_first_checkpoint_restores_the_old_run(tmp_
     run = tmp_path / "run"
     train(small_config(run, steps=4, ckpt_every=4), log=_quiet)
     old_config = (run / "config.json").read_text()
-    old_weights = (ckpt.resolve(run) / "model.safetensors").read_bytes()
+    old_weights = (reader.resolve(run) / "model.safetensors").read_bytes()
     monkeypatch.setattr(loop.Trainer, "save", lambda self: (_ for _ in ()).throw(OSError("disk full")))
     with pytest.raises(OSError, match="disk full"):
         train(small_config(run, steps=4, ckpt_every=2, overwrite=True, seed=5), log=_quiet)
     assert (run / "config.json").read_text() == old_config
-    assert (ckpt.resolve(run) / "model.safetensors").read_bytes() == old_weights
+    assert (reader.resolve(run) / "model.safetensors").read_bytes() == old_weights
     assert not (run / ".replaced").exists()
 
 
 def test_overwrite_killed_before_its_first_checkpoint_is_undone_on_the_next_start(tmp_path):
     run = tmp_path / "run"
     train(small_config(run, steps=4, ckpt_every=4), log=_quiet)
-    old = ckpt.resolve(run).name
+    old = reader.resolve(run).name
     aside = run / ".replaced"  # what a SIGKILL right after set_aside leaves
     aside.mkdir()
     for name in ("checkpoints", "config.json", "metrics.jsonl"):
         shutil.move(str(run / name), aside / name)
     (run / "config.json").write_text('{"partial": true}')
     RunFolder(run, log=_quiet).acquire().release()
-    assert ckpt.resolve(run).name == old and not aside.exists() and "run_id" in (run / "config.json").read_text()
+    assert reader.resolve(run).name == old and not aside.exists() and "run_id" in (run / "config.json").read_text()
 
 
 def test_overwrite_replaces_the_old_run_once_the_new_one_checkpointed(tmp_path):
     run = tmp_path / "run"
     train(small_config(run, steps=8, ckpt_every=4), log=_quiet)
-    old_id = ckpt.run_identity(run)
+    old_id = reader.run_identity(run)
     train(small_config(run, steps=4, ckpt_every=2, overwrite=True), log=_quiet)
-    assert [p.name for p in ckpt.list_checkpoints(run)] == ["step_00000002", "step_00000004"]
-    assert ckpt.run_identity(run) != old_id and not (run / ".replaced").exists()
+    assert [p.name for p in reader.list_checkpoints(run)] == ["step_00000002", "step_00000004"]
+    assert reader.run_identity(run) != old_id and not (run / ".replaced").exists()
     assert [r["step"] for r in read_metrics(run / "metrics.jsonl")] == [1, 2, 3, 4]
 
 
@@ -187,7 +191,7 @@ def test_a_non_empty_folder_that_is_not_a_run_is_refused_unless_overwrite(tmp_pa
         train(small_config(folder, steps=2), log=_quiet)
     train(small_config(folder, steps=2, ckpt_every=2, overwrite=True), log=_quiet)
     assert (folder / "model.safetensors").read_bytes() == b"weights"
-    assert ckpt.run_identity(folder) is not None
+    assert reader.run_identity(folder) is not None
 
 
 # ------------------------------------------------------------------------------------------ resume (item 18)
@@ -251,12 +255,12 @@ def test_init_from_starts_a_new_run_from_a_checkpoints_weights(tmp_path):
           given={"preset"}, names=flag, log=logs.append)
     assert any("--init-from builds the model of" in line and "ignored --preset" in line for line in logs), logs
     config = json.loads((tuned / "config.json").read_text())
-    assert config["init_from"]["step"] == 6 and config["init_from"]["run_id"] == ckpt.run_identity(base)
-    assert config["run_id"] != ckpt.run_identity(base)
-    w0 = ckpt.load_file(str(ckpt.resolve(base) / "model.safetensors"))
-    w1 = ckpt.load_file(str(ckpt.resolve(tuned) / "model.safetensors"))
+    assert config["init_from"]["step"] == 6 and config["init_from"]["run_id"] == reader.run_identity(base)
+    assert config["run_id"] != reader.run_identity(base)
+    w0 = load_file(str(reader.resolve(base) / "model.safetensors"))
+    w1 = load_file(str(reader.resolve(tuned) / "model.safetensors"))
     assert all(torch.allclose(w0[k], w1[k], atol=1e-6) for k in w0)  # lr 1e-9: the weights it started from
-    assert ckpt.read_state(ckpt.resolve(tuned))["step"] == 2  # a new run: step counts from 0
+    assert reader.read_state(reader.resolve(tuned))["step"] == 2  # a new run: step counts from 0
     with pytest.raises(AttnkitValueError, match="resume and init_from exclude each other"):
         train(small_config(tuned), resume=tuned, init_from=base, names=flag, log=_quiet)
     with pytest.raises(AttnkitValueError, match="seq_len=512 exceeds max_seq_len=.* of the checkpoint"):
@@ -302,9 +306,9 @@ def test_a_config_that_does_not_fit_its_weights_is_a_typed_error(tmp_path):
     from attnkit.models.builders import build_lm
 
     path = ckpt.save_checkpoint(tmp_path, 1, build_lm("nano"), None, {})
-    with pytest.raises(ckpt.CheckpointError, match=r"does not fit the model: blocks.0.attn.out_proj.weight is \(64, 64\) in the "
-                                                   r"checkpoint but \(128, 128\) in the model"):
-        ckpt.load_weights(path, build_lm("nano", embed_dim=128))
+    with pytest.raises(reader.CheckpointError, match=r"does not fit the model: blocks.0.attn.out_proj.weight is \(64, 64\) "
+                                                     r"in the checkpoint but \(128, 128\) in the model"):
+        reader.load_weights(path, build_lm("nano", embed_dim=128))
 
 
 # ------------------------------------------------------------------------------------------ red team 2 (resume, init)
@@ -325,10 +329,10 @@ def test_a_fine_tuned_run_resumes_the_model_it_trained(tmp_path):
     assert recorded["preset"] == "nano" and recorded["model"]["positions"] == "rope", recorded
     logs.clear()
     train(small_config(tuned, steps=4), resume=tuned, given={"steps"}, names=flag, log=logs.append)
-    base_model = ckpt.read_state(ckpt.resolve(base))["model_config"]
-    for where in ckpt.list_checkpoints(tuned):
-        assert ckpt.read_state(where)["model_config"] == base_model, where
-    assert ckpt.read_state(ckpt.resolve(tuned))["step"] == 4
+    base_model = reader.read_state(reader.resolve(base))["model_config"]
+    for where in reader.list_checkpoints(tuned):
+        assert reader.read_state(where)["model_config"] == base_model, where
+    assert reader.read_state(reader.resolve(tuned))["step"] == 4
 
 
 def test_resume_names_an_ignored_run_dir(tmp_path):
@@ -349,16 +353,16 @@ def test_resume_refuses_a_checkpoint_outside_its_run_folder(tmp_path):
     (home / "checkpoints" / "step_00000001").mkdir(parents=True)
     (home / "checkpoints" / "step_00000001" / "notes.txt").write_text("my notes")
     (home / "loss.png").write_text("my own picture")
-    shutil.copytree(ckpt.resolve(run), home / "backups" / "step_00000004")
-    with pytest.raises(ckpt.CheckpointError, match=r"is not a checkpoint inside a run folder \(RUN/checkpoints/"
+    shutil.copytree(reader.resolve(run), home / "backups" / "step_00000004")
+    with pytest.raises(reader.CheckpointError, match=r"is not a checkpoint inside a run folder \(RUN/checkpoints/"
                                                    r"step_NNNNNNNN, a folder, not a link\).*--init-from .*step_00000004 "
                                                    r"--run-dir NEW"):
         train(small_config(run, steps=8), resume=home / "backups" / "step_00000004", given={"steps"}, names=flag, log=_quiet)
     assert (home / "checkpoints" / "step_00000001" / "notes.txt").read_text() == "my notes"
     assert (home / "loss.png").read_text() == "my own picture" and not (home / ".attnkit.lock").exists()
     link = run / "checkpoints" / "step_00000009"
-    link.symlink_to(ckpt.resolve(run))
-    with pytest.raises(ckpt.CheckpointError, match="is not a checkpoint inside a run folder"):
+    link.symlink_to(reader.resolve(run))
+    with pytest.raises(reader.CheckpointError, match="is not a checkpoint inside a run folder"):
         train(small_config(run, steps=12), resume=link, given={"steps"}, names=flag, log=_quiet)
 
 
@@ -367,7 +371,7 @@ def test_a_converted_checkpoint_is_not_resumed(tmp_path):
 
     where = ckpt.save_checkpoint(tmp_path / "conv", 0, build_lm("nano"), None, {"model_config": build_lm("nano")
                                                                               .config.to_dict()}, keep=0)
-    with pytest.raises(ckpt.CheckpointError, match=r"was not written by the trainer \(a converted model has no "
+    with pytest.raises(reader.CheckpointError, match=r"was not written by the trainer \(a converted model has no "
                                                    r"training state to continue\).*--init-from"):
         train(small_config(tmp_path / "conv"), resume=where, names=flag, log=_quiet)
 
@@ -409,7 +413,7 @@ def test_run_outputs_replace_a_symlink_instead_of_writing_through_it(tmp_path, m
     train(small_config(run, steps=2, ckpt_every=2, overwrite=True), log=_quiet)
     assert victim.read_text() == "precious user data"
     assert not (run / "config.json").is_symlink()
-    assert json.loads((run / "config.json").read_text())["run_id"] == ckpt.run_identity(run) is not None
+    assert json.loads((run / "config.json").read_text())["run_id"] == reader.run_identity(run) is not None
     assert not [p for p in run.iterdir() if ".tmp-" in p.name]
 
 
@@ -423,7 +427,7 @@ def test_a_kill_inside_set_aside_loses_none_of_the_old_run(tmp_path):
     os.replace(run / "checkpoints", run / ".replaced" / "checkpoints")
     RunFolder(run, log=_quiet).acquire().release()
     assert {n: (run / n).read_bytes() for n in before} == before
-    assert ckpt.resolve(run).name == "step_00000004" and not (run / ".replaced").exists()
+    assert reader.resolve(run).name == "step_00000004" and not (run / ".replaced").exists()
 
 
 def test_a_killed_overwrite_of_a_converted_run_removes_the_new_runs_files(tmp_path, monkeypatch):
@@ -442,7 +446,7 @@ def test_a_killed_overwrite_of_a_converted_run_removes_the_new_runs_files(tmp_pa
     folder.release()
     RunFolder(run, log=_quiet).acquire().release()
     assert sorted(p.name for p in run.iterdir()) == [".attnkit.lock", "checkpoints"]
-    assert ckpt.read_state(ckpt.resolve(run))["step"] == 0
+    assert reader.read_state(reader.resolve(run))["step"] == 0
 
 
 def test_generate_on_something_that_is_not_a_run_lists_the_runs_it_can_see(tmp_path, monkeypatch, capsys):
@@ -474,7 +478,7 @@ def test_generate_on_a_damaged_checkpoint_suggests_no_train_flag(tmp_path, capsy
     """issue 23 item 4: the hint of a damaged checkpoint fits every command (generate has no --resume)."""
     run = tmp_path / "run"
     train(small_config(run, steps=2, ckpt_every=1), log=_quiet)
-    newest = ckpt.list_checkpoints(run)[-1]
+    newest = reader.list_checkpoints(run)[-1]
     (newest / "model.safetensors").write_bytes(b"damaged")
     assert main(["generate", str(run), "--prompt", "a", "--max-new-tokens", "2"]) == 2
     err = capsys.readouterr().err

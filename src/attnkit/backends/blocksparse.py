@@ -112,10 +112,7 @@ class BlockSparseBackend:
                            "kernel has none; use backend='eager' or 'math')")
         return reasons + sink_reasons(call, "blocksparse")
 
-    def work(self, call: AttentionCall) -> dict[str, float]:
-        """What it computes (:func:`attnkit.backends.cost.blocksparse_work`): its plans' pieces or document runs."""
-        return blocksparse_work(call, document_runs, make_plans, SPARSE_MIN_QUERIES, not _allow_causal(call),
-                                _offset_pieces_on_sdpa(call))
+    work = staticmethod(blocksparse_work)  # what it computes, for auto's predicted time (backends.cost)
 
     def plan(self, call: AttentionCall) -> str:
         runs = document_runs(call)

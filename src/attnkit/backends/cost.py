@@ -220,11 +220,22 @@ def use(calibration: Calibration | None) -> Iterator[Calibration | None]:
 
 
 # ------------------------------------------------------------------------------------------ built-in work
-def blocksparse_work(call: AttentionCall, document_runs, make_plans, min_queries: int, tiled: bool,
-                     on_sdpa: bool) -> dict[str, float]:
-    """blocksparse's work: a few queries (below ``min_queries``) as one piece over the mask's reach; packed
-    documents as their runs; else its plans' pieces (the mask's block cover), stacked per shape; with a bias or
-    softcap (``tiled``) on the tiled kernel or, ``on_sdpa``, as SDPA pieces against the offset table."""
+def blocksparse_work(call: AttentionCall) -> dict[str, float]:
+    """blocksparse's ``work``: a few queries (below ``SPARSE_MIN_QUERIES``) as one piece over the mask's reach;
+    packed documents as their runs; else its plans' pieces (the mask's block cover), stacked per shape; with a bias
+    or softcap on the tiled kernel or, for ALiBi inference, as SDPA pieces against the offset table. (Its helpers
+    are imported here, when asked: blocksparse imports this module.)"""
+    from attnkit.backends.blocksparse import (
+        SPARSE_MIN_QUERIES as min_queries,
+    )
+    from attnkit.backends.blocksparse import (
+        _allow_causal,
+        _offset_pieces_on_sdpa,
+        document_runs,
+        make_plans,
+    )
+
+    tiled, on_sdpa = not _allow_causal(call), _offset_pieces_on_sdpa(call)
     prepared = call.prepared
     if call.q_len < min_queries and not tiled and prepared is not None and not prepared.is_tensor:
         return reach_work(call, prepared.spec.reach(), prepared.spec.offsets() is not None)

@@ -117,11 +117,6 @@ class FlexBackend:
         return propagate_nan_queries(out, call.q)  # flex's online softmax gives 0 for a NaN query
 
 
-def mask_mod_for(call: AttentionCall):
-    """flex ``mask_mod(b, h, q_idx, kv_idx)``: the prepared mask's bound function (None when there is no mask)."""
-    return None if call.prepared is None else call.prepared.fn
-
-
 def block_mask_for(call: AttentionCall):
     """The flex BlockMask of the call, built once per prepared mask (and per batch/head broadcast)."""
     prepared = call.prepared

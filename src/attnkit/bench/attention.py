@@ -25,7 +25,8 @@ import torch.nn.functional as F
 
 import attnkit as ak
 from attnkit._progress import progress
-from attnkit.bench.common import RESULTS_DIR, matmul_peak_gflops, peak_memory_bytes, round_robin, write_results
+from attnkit._timing import round_robin
+from attnkit.bench.common import RESULTS_DIR, matmul_peak_gflops, peak_memory_bytes, write_results
 from attnkit.bench.plots import line_panels
 
 SUMMARY = "attention speed and memory for every mask kind vs SDPA, naive, nn.MultiheadAttention, flex"

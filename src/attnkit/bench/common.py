@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 
 from attnkit import _timing
-from attnkit._timing import round_robin, sync  # noqa: F401  (re-exported for the suites)
+from attnkit._timing import round_robin
 from attnkit.errors import AttnkitValueError
 
 RESULTS_DIR = Path("benchmarks") / "results"

@@ -24,7 +24,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnkit._progress import progress
-from attnkit.bench.common import RESULTS_DIR, matmul_peak_gflops, round_robin, write_results
+from attnkit._timing import round_robin
+from attnkit.bench.common import RESULTS_DIR, matmul_peak_gflops, write_results
 from attnkit.bench.decode_loops import BareCompiledGreedy, CompiledGreedy, bare_torch_greedy
 from attnkit.errors import AttnkitValueError
 from attnkit.models.builders import build_lm

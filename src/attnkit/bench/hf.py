@@ -24,7 +24,8 @@ import os
 
 import torch
 
-from attnkit.bench.common import RESULTS_DIR, round_robin, write_results
+from attnkit._timing import round_robin
+from attnkit.bench.common import RESULTS_DIR, write_results
 from attnkit.bench.hf_generate import CountCalls, generate_speed
 from attnkit.bench.hf_sliding import FAMILIES as SLIDING_FAMILIES
 from attnkit.bench.hf_sliding import family_rows

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from attnkit._hooks import add_observer, remove_observer
-from attnkit.bench.common import round_robin
+from attnkit._timing import round_robin
 from attnkit.errors import AttnkitError, AttnkitValueError
 
 VOCAB = 1024

@@ -15,7 +15,8 @@ import torch
 
 import attnkit as ak
 from attnkit._progress import progress
-from attnkit.bench.common import RESULTS_DIR, peak_memory_bytes, round_robin, write_results
+from attnkit._timing import round_robin
+from attnkit.bench.common import RESULTS_DIR, peak_memory_bytes, write_results
 from attnkit.bench.plots import line_panels
 from attnkit.functional.linear import LinearState, linear_attention
 

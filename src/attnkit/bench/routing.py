@@ -26,10 +26,11 @@ from pathlib import Path
 
 import torch
 
+from attnkit._timing import round_robin
 from attnkit.backends import cost, registry
 from attnkit.bench import cells
 from attnkit.bench.cells import Cell
-from attnkit.bench.common import RESULTS_DIR, round_robin, write_results
+from attnkit.bench.common import RESULTS_DIR, write_results
 
 SUMMARY = "routing regret: time of auto's choice / time of the fastest capable backend, over a grid of calls"
 

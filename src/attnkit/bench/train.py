@@ -30,7 +30,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnkit.bench.common import peak_memory_bytes, round_robin, write_results
+from attnkit._timing import round_robin
+from attnkit.bench.common import peak_memory_bytes, write_results
 from attnkit.models.builders import lm_config
 from attnkit.models.lm import TransformerLM
 from attnkit.training.data import PackedDataset, load_documents

@@ -18,10 +18,10 @@ from collections.abc import Callable, Iterable
 import numpy as np
 import torch
 
+from attnkit._timing import round_robin
 from attnkit.backends import cost, registry
 from attnkit.bench import cells
 from attnkit.bench.cells import Cell
-from attnkit.bench.common import round_robin
 
 #: the calibration grid: kinds x lengths (plus decode steps); ``quick`` keeps a third of it
 KINDS = ("none", "causal", "sliding128", "sliding512", "chunked256", "documents", "padding", "strided64", "global",

@@ -13,12 +13,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import math
 import sys
 import warnings
 
 from attnkit._progress import progress
-from attnkit.cli.flags import as_typed
+from attnkit.cli.flags import as_typed, flag
 
 
 def add_parser(sub) -> None:
@@ -40,21 +39,12 @@ def add_parser(sub) -> None:
 
 
 def check_flags(args) -> None:
-    """The flags' own values, named as typed, before a model is loaded."""
+    """The flags' own values, named as typed, before a model is loaded: generate's rules
+    (:func:`attnkit.models.generation.check_sampling`) with the flags' names, and the command's own flags."""
     from attnkit.errors import AttnkitValueError
+    from attnkit.models.generation import check_sampling
 
-    if args.max_new_tokens < 0:
-        raise AttnkitValueError(f"--max-new-tokens must be >= 0, got {args.max_new_tokens}; e.g. --max-new-tokens 200.")
-    if not (math.isfinite(args.temperature) and args.temperature >= 0):
-        raise AttnkitValueError(f"--temperature must be a number >= 0, got {args.temperature}; 0 = greedy, e.g. "
-                                "--temperature 0.8.")
-    if args.top_k is not None and args.top_k < 1:
-        raise AttnkitValueError(f"--top-k must be >= 1, got {args.top_k}; leave it out for no top-k cut.")
-    if args.top_p is not None and not 0 < args.top_p <= 1:
-        raise AttnkitValueError(f"--top-p must be in (0, 1], got {args.top_p}; e.g. --top-p 0.9, or leave it out.")
-    if args.temperature == 0 and (args.top_k is not None or args.top_p is not None):
-        raise AttnkitValueError("--top-k / --top-p only apply when sampling, but --temperature 0 is greedy; pass "
-                                "--temperature > 0 or leave them out.")
+    check_sampling(args.max_new_tokens, args.temperature, args.top_k, args.top_p, names=flag)  # the library's rules
     if args.stream and len(args.prompt) > 1:
         raise AttnkitValueError(f"--stream prints one prompt's tokens as they come, got {len(args.prompt)} --prompt; "
                                 "pass one --prompt, or leave --stream out to print each completion when done.")

@@ -18,6 +18,7 @@ import argparse
 import importlib
 import os
 import pkgutil
+import shlex
 import sys
 from pathlib import Path
 
@@ -63,6 +64,17 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def resume_command(stopped: TrainingInterrupted) -> str:
+    """The command that continues a stopped run: under torchrun, torchrun again with as many processes."""
+    plain = f"train --resume {shlex.quote(str(stopped.run_dir))}"
+    if stopped.world <= 1:
+        return f"attnkit {plain}"
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", stopped.world))
+    nodes = max(1, stopped.world // max(local, 1))
+    launch = "--standalone " if nodes == 1 else f"--nnodes {nodes} (this job's rendezvous flags) "
+    return f"torchrun {launch}--nproc-per-node {local} -m attnkit.cli.main {plain}"
+
+
 def main(argv: list[str] | None = None) -> int:
     startup_s = process_age_s() if argv is None else 0.0  # a command's start-up (called with argv: none of it)
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -80,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         if debug:
             raise
         print(f"attnkit {args.command}: {exc}", file=sys.stderr)
-        print(f"resume with: attnkit train --resume {exc.run_dir}", file=sys.stderr)
+        print(f"resume with: {resume_command(exc)}", file=sys.stderr)
         return 128 + exc.signum
     except KeyboardInterrupt:  # Ctrl-C anywhere else: nothing half-written (writes are atomic), no traceback
         if debug:

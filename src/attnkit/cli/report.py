@@ -59,9 +59,9 @@ def run(args) -> int:
 
     import torch
 
+    from attnkit._files import check_text
     from attnkit.diagnostics.report import MAX_TOKENS, check_length, check_out, labeler, report, shown
     from attnkit.diagnostics.report.encode import human_bytes
-    from attnkit.diagnostics.report.out import check_text
     from attnkit.errors import AttnkitValueError
     from attnkit.runs import locate, open_source
 
@@ -124,6 +124,7 @@ def cli_tokens(args, source):
     target's tokenizer; a model without one is told about ``--ids``."""
     from attnkit.diagnostics.report import tokenize
     from attnkit.errors import AttnkitValueError
+    from attnkit.integrations.remote_code import RemoteCodeRefused
 
     model = source.model
     if args.ids:
@@ -131,9 +132,11 @@ def cli_tokens(args, source):
     text = DEFAULT_TEXT if args.text is None else args.text
     try:
         return tokenize(model, text, source.hf_tokenizer)
+    except RemoteCodeRefused:
+        raise  # a tokenizer that asks to run the folder's code is refused by name (its message says what to do)
     except AttnkitValueError as exc:
-        if "tokenizer" not in str(exc):
-            raise
+        if not str(exc).startswith(("no tokenizer found", "text needs a tokenizer")):
+            raise  # a refused tokenizer (its folder's code) says so itself
         raise AttnkitValueError(f"{args.target} has no tokenizer to read --text with; pass token ids instead: "
                                 "--ids --text \"1 5 7\".") from exc
 

@@ -94,7 +94,7 @@ def add_parser(sub) -> None:
 def flag(name: str) -> str:
     """The flag that sets the TrainConfig / LMConfig field (or the ``train`` argument) ``name``: how the trainer's
     messages name it on the command line (``num_kv_heads`` -> ``--kv-heads``, ``init_from`` -> ``--init-from``)."""
-    dest = {field: dest for dest, field in {**FIELDS, **MODEL_FLAGS}.items()}.get(name, name)
+    dest = {field: dest for dest, field in {**FIELDS, **MODEL_FLAGS, "minutes": "time_budget"}.items()}.get(name, name)
     return flags.flag(dest)
 
 

@@ -108,7 +108,7 @@ register_objective(Objective(
 def _causal(model: nn.Module) -> bool | None:
     config = getattr(model, "config", None)
     if _is_hf(model):  # only then: the encoder list imports transformers (attnkit's own runs do without it)
-        from attnkit.diagnostics.subjects import HF_ENCODER_TYPES
+        from attnkit.integrations.hf.folders import HF_ENCODER_TYPES
 
         return bool(getattr(config, "is_decoder", False)) or config.model_type not in HF_ENCODER_TYPES
     causal = getattr(config, "causal", None)

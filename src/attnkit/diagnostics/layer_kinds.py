@@ -41,39 +41,29 @@ class LayerInfo:
     skipped: str = ""
 
 
-def _parts(spec) -> list:
-    """The conjuncts of ``spec`` (an ``Or`` or ``Not`` is one part: it is no single pattern)."""
-    from attnkit.masks.spec import And
-
-    if isinstance(spec, And):
-        return [p for part in spec.parts for p in _parts(part)]
-    return [spec]
+#: how a layer that one kind shapes is named, by the kind's name (``mask.kind``)
+_SHAPED = {"sliding_window": lambda m: f"sliding {m.window}", "two_sided_window": lambda m: f"local ({m.left}, {m.right})",
+           "chunked": lambda m: f"chunked {m.chunk}", "strided": lambda m: f"strided {m.stride}"}
+#: kinds that only take keys away from a pattern (they do not change a layer's kind)
+_TAKE_AWAY = ("padding", "padding_by_position", "document")
 
 
 def mask_kind(spec) -> str:
     """The layer kind one attention call's mask spec says (see the module docstring); padding and documents
-    (which only take keys away from a pattern) do not change it."""
-    from attnkit.masks.kinds.positional import Causal, Chunked, Custom, SlidingWindow, Strided, TwoSidedWindow
-
+    (which only take keys away from a pattern) do not change it. An ``|`` or ``~`` is one part: no single pattern."""
     if spec is None:
         return "full (bidirectional)"
-    parts = _parts(spec)
+    parts = spec.conjuncts()
     for part in parts:
-        if isinstance(part, SlidingWindow):
-            return f"sliding {part.window}"
-        if isinstance(part, TwoSidedWindow):
-            return f"local ({part.left}, {part.right})"
-        if isinstance(part, Chunked):
-            return f"chunked {part.chunk}"
-        if isinstance(part, Strided):
-            return f"strided {part.stride}"
-        if isinstance(part, Custom):  # transformers' chunked layers arrive as a named custom mask (Llama 4)
+        if part.kind in _SHAPED:
+            return _SHAPED[part.kind](part)
+        if part.kind == "custom":  # transformers' chunked layers may arrive as a named custom mask
             found = re.fullmatch(r"chunked\((\d+)\)", part.name)
             if found:
                 return f"chunked {found.group(1)}"
-    if any(isinstance(p, Causal) for p in parts):
+    if any(p.kind == "causal" for p in parts):
         return "full (causal)"
-    known = [p for p in parts if type(p).__name__ not in ("Padding", "Document")]
+    known = [p for p in parts if p.kind not in _TAKE_AWAY]
     return "full (bidirectional)" if not known else repr(spec)
 
 

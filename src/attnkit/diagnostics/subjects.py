@@ -22,7 +22,7 @@ import functools
 import inspect
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import torch
 from torch import nn
@@ -301,16 +301,3 @@ def make_subject(subject: object, *, embed_dim: int | None = None, adapter: Toke
         f"examine() can't use {describe(subject)}; pass an attention function f(q, k, v, mask), a module m(x, mask), "
         "an attnkit model, a Hugging Face model, or a model with adapter=ak.diagnostics.TokenAdapter(...)."
     )
-
-
-def with_lm(subject: Subject, **changes) -> Subject:
-    """A copy of ``subject`` whose token adapter has ``changes`` (used by tests and callers to disable parts)."""
-    return replace(subject, lm=replace(subject.lm, **changes))
-
-
-def __getattr__(name: str):
-    if name == "HF_ENCODER_TYPES":  # re-exported on use only: importing it imports transformers (seconds)
-        from attnkit.integrations.hf.folders import HF_ENCODER_TYPES
-
-        return HF_ENCODER_TYPES
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
+from attnkit._checks import positive_int
 from attnkit._validation import AttentionCall
 from attnkit.backends.base import Rank
 from attnkit.backends.registry import register
@@ -132,7 +133,8 @@ class Groups:
 def data_parallel(world: int, cp: int) -> int:
     """The data-parallel replicas of a world of ``world`` ranks with ``cp`` context-parallel ranks each (checked:
     ``cp`` a positive int dividing ``world``); nothing is created, so every rank can check before any collective."""
-    if isinstance(cp, bool) or not isinstance(cp, int) or cp < 1 or world % cp:
+    positive_int(cp, "context_parallel", "launch world = data_parallel x context_parallel processes with torchrun.")
+    if world % cp:
         raise AttnkitValueError(f"context_parallel={cp!r} must be a positive int dividing the number of processes "
                                 f"{world}; launch world = data_parallel x context_parallel processes with torchrun.")
     return world // cp

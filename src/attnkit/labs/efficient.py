@@ -16,8 +16,8 @@ import torch
 
 from attnkit import masks
 from attnkit._progress import progress
+from attnkit._timing import round_robin
 from attnkit.backends import attention
-from attnkit.bench.common import round_robin
 from attnkit.functional.linear import linear_attention
 from attnkit.labs.harness import evaluate, learned, seeded, text_data, tiny_lm, train
 from attnkit.labs.registry import lab

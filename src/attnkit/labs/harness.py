@@ -30,7 +30,8 @@ from torch import nn
 
 from attnkit._progress import progress
 from attnkit.models.builders import build_lm
-from attnkit.training.data import ByteTokenizer, stdlib_files
+from attnkit.runs.tokens import ByteTokenizer
+from attnkit.training.data import stdlib_files
 from attnkit.training.schedule import lr_at
 from attnkit.training.steps import param_groups
 

@@ -18,7 +18,7 @@ from attnkit.labs.harness import IGNORE, evaluate, learned, seeded, text_data, t
 from attnkit.labs.registry import lab
 from attnkit.labs.report import Claim, fmt
 from attnkit.labs.variants import lab_attention, mask_after_softmax
-from attnkit.training.data import ByteTokenizer
+from attnkit.runs.tokens import ByteTokenizer
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 

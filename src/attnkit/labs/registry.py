@@ -15,6 +15,7 @@ from pathlib import Path
 
 import torch
 
+from attnkit._checks import integer
 from attnkit.errors import AttnkitValueError
 from attnkit.labs.harness import WHO
 from attnkit.labs.report import Claim, Plots, check_out_folder, summary_markdown, write_outputs
@@ -60,7 +61,8 @@ def run_lab(name: str, *, quick: bool = False, out: str | Path | None = None, se
     ``threads``: torch CPU threads while it runs (1 by default: tiny models gain nothing from more, and on a
     shared machine more threads spin against each other; the previous setting is restored)."""
     cpus = os.cpu_count() or 1
-    if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= cpus:
+    integer(threads, "threads", low=1, fix="pass threads=1 (the default) or up to the number of cores.")
+    if threads > cpus:
         raise AttnkitValueError(f"threads must be an int from 1 to this machine's {cpus} CPUs, got {threads!r}; "
                                 "pass threads=1 (the default) or up to the number of cores.")
     spec = get_lab(name)

@@ -1,7 +1,7 @@
 """What the labs swap into a model: attention computed another way around the same projections, and the
 recurrent and convolutional baselines.
 
-:func:`lab_attention` registers a layer kind (``attnkit.models.lm.register_attention_layer``) whose layers keep
+:func:`lab_attention` registers a layer kind (``attnkit.models.blocks.register_attention_layer``) whose layers keep
 :class:`~attnkit.nn.MultiHeadAttention`'s projections and positions and change only the attention computation:
 a different ``scale`` (``1.0`` = no 1/sqrt(d_k)), a fixed mask instead of the model's (strided patterns), or a
 ``kernel(q, k, v) -> out`` written out by hand (the mask-after-softmax bug). The model, its init and its
@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from attnkit.backends import attention
-from attnkit.models.lm import ATTENTION_LAYERS, register_attention_layer, softmax_attention
+from attnkit.models.blocks import ATTENTION_LAYERS, register_attention_layer, softmax_attention
 from attnkit.nn import MultiHeadAttention
 
 

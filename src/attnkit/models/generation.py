@@ -39,7 +39,7 @@ from typing import Protocol, runtime_checkable
 
 import torch
 
-from attnkit._checks import positive_int
+from attnkit._checks import integer, number
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, BackendUnsupportedError, describe
 from attnkit.masks import MaskSpec, padding
 
@@ -107,6 +107,34 @@ def sample(logits: torch.Tensor, *, temperature: float = 0.0, top_k: int | None 
     return torch.multinomial(probs, 1, generator=generator).squeeze(-1)  # (B,)
 
 
+def _python(name: str) -> str:
+    return name
+
+
+def check_sampling(max_new_tokens: object, temperature: object, top_k: object, top_p: object,
+                   names: Callable[[str], str] = _python) -> None:
+    """The rules of :func:`generate`'s scalar arguments, in one place: ``max_new_tokens`` an int >= 0,
+    ``temperature`` a finite number >= 0 (0 = greedy), ``top_k`` an int >= 1 or None, ``top_p`` in (0, 1] or None,
+    and no top-k / top-p cut when decoding greedily. ``names(argument)``: how the messages name an argument (the
+    argument itself; ``attnkit generate`` passes its flags)."""
+    n = names
+
+    def example(name: str, value: object) -> str:
+        return f"{n(name)} {value}" if n(name).startswith("-") else f"{name}={value}"
+
+    integer(max_new_tokens, n("max_new_tokens"), low=0, fix=f"e.g. {example('max_new_tokens', 200)}.")
+    number(temperature, n("temperature"), low=0, fix=f"0 = greedy, e.g. {example('temperature', 0.8)}.")
+    if top_k is not None:
+        integer(top_k, n("top_k"), low=1, fix=f"leave {n('top_k')} out (None) for no top-k cut.")
+    if top_p is not None:
+        number(top_p, n("top_p"), low=0, high=1, low_open=True, high_closed=True,
+               fix=f"e.g. {example('top_p', 0.9)}, or leave {n('top_p')} out (None).")
+    if temperature == 0 and (top_k is not None or top_p is not None):
+        raise AttnkitValueError(f"{n('top_k')} / {n('top_p')} only apply when sampling, but {n('temperature')} 0 is "
+                                f"greedy; pass {n('temperature')} > 0 (e.g. {example('temperature', 1.0)}) or leave "
+                                f"{n('top_k')} / {n('top_p')} out.")
+
+
 def _check_args(model, prompts, max_new_tokens, temperature, top_k, top_p, stop_tokens) -> None:
     if not callable(model) or not callable(getattr(model, "new_cache", None)):
         raise AttnkitTypeError(f"model must be a decoder model: callable as model(tokens, positions=, cache=, "
@@ -123,19 +151,8 @@ def _check_args(model, prompts, max_new_tokens, temperature, top_k, top_p, stop_
         raise AttnkitValueError(f"prompts contain token id {max(t for p in prompts for t in p)}, but the model's "
                                 f"vocabulary has {vocab} ids (0 .. {vocab - 1}); encode the prompt with the model's "
                                 "own tokenizer.")
-    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int) or max_new_tokens < 0:
-        raise AttnkitValueError(f"max_new_tokens must be an int >= 0, got {describe(max_new_tokens)}.")
+    check_sampling(max_new_tokens, temperature, top_k, top_p)
     _check_length(model, prompts, max_new_tokens)
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not math.isfinite(temperature) \
-            or temperature < 0:
-        raise AttnkitValueError(f"temperature must be a finite number >= 0, got {describe(temperature)}; 0 = greedy.")
-    if temperature == 0 and (top_k is not None or top_p is not None):
-        raise AttnkitValueError(f"top_k={top_k} / top_p={top_p} only apply when sampling, but temperature=0 "
-                                "(greedy); pass temperature > 0 (e.g. 1.0) or drop top_k/top_p.")
-    if top_k is not None:
-        positive_int(top_k, "top_k", "or None (no top-k cut).")
-    if top_p is not None and (isinstance(top_p, bool) or not isinstance(top_p, (int, float)) or not 0 < top_p <= 1):
-        raise AttnkitValueError(f"top_p must be in (0, 1] or None, got {describe(top_p)}; e.g. 0.9.")
     if any(isinstance(t, bool) or not isinstance(t, int) for t in stop_tokens):
         raise AttnkitTypeError(f"stop_tokens must be a collection of int token ids, got {describe(stop_tokens)}.")
 

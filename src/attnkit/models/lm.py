@@ -29,17 +29,8 @@ from torch.utils.checkpoint import checkpoint
 from attnkit import masks
 from attnkit._checks import integer
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
-from attnkit.models.blocks import (  # noqa: F401  (re-exported: the names used to live here)
-    ATTENTION_LAYERS,
-    Block,
-    block_from_config,
-    blocks_from_config,
-    layer_window,
-    linear_attention,
-    register_attention_layer,
-    softmax_attention,
-)
-from attnkit.models.config import POSITIONS, LMConfig  # noqa: F401
+from attnkit.models.blocks import blocks_from_config, layer_window
+from attnkit.models.config import LMConfig
 from attnkit.nn.mlp import active_dropout
 from attnkit.nn.norms import make_norm
 from attnkit.positions import Learned, Sinusoidal

@@ -14,7 +14,8 @@ Shape legend: B batch, H heads, L length, E embed_dim, D head_dim.
 
 from attnkit.positions.alibi import ALiBi, alibi_slopes
 from attnkit.positions.learned import Learned
-from attnkit.positions.rope import LinearScaling, Llama3Scaling, NTKScaling, RoPE, YaRNScaling, convert_rope_layout
+from attnkit.positions.rope import RoPE, convert_rope_layout
+from attnkit.positions.rope_scaling import LinearScaling, Llama3Scaling, NTKScaling, YaRNScaling
 from attnkit.positions.sinusoidal import Sinusoidal
 
 __all__ = [

@@ -8,13 +8,11 @@ Shape legend: B batch, L length, E embed_dim, P max_positions.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
-from attnkit._checks import integer, position_ids
-from attnkit.errors import AttnkitValueError, describe
+from attnkit._checks import integer, number, position_ids
+from attnkit.errors import AttnkitValueError
 
 
 class Learned(nn.Module):
@@ -27,10 +25,7 @@ class Learned(nn.Module):
         super().__init__()
         self.max_positions = integer(max_positions, "max_positions", low=1, fix="pass the longest sequence length to support.")
         self.embed_dim = integer(embed_dim, "embed_dim", low=1, fix="pass the model width E.")
-        if isinstance(init_std, bool) or not isinstance(init_std, (int, float)) or not math.isfinite(init_std) \
-                or init_std < 0:
-            raise AttnkitValueError(f"init_std must be a finite number >= 0, got {describe(init_std)}; use e.g. 0.02.")
-        self.init_std = float(init_std)
+        self.init_std = number(init_std, "init_std", low=0, fix="use e.g. 0.02.")
         self.embedding = nn.Embedding(max_positions, embed_dim)  # weight (P, E)
         self.reset_parameters()
 

@@ -28,16 +28,7 @@ from torch import nn
 
 from attnkit._checks import integer, number, position_ids
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
-from attnkit.positions.rope_scaling import (  # noqa: F401  (re-exported: attnkit.positions.rope keeps the names)
-    LinearScaling,
-    Llama3Scaling,
-    NTKScaling,
-    RopeScaling,
-    YaRNScaling,
-    _as_scaling,
-    rope_inv_freq,
-    scaling_from_dict,
-)
+from attnkit.positions.rope_scaling import YaRNScaling, _as_scaling, rope_inv_freq
 
 _STYLES = ("half", "interleaved")
 

@@ -15,13 +15,10 @@ Shape legend: B batch, L length, E embed_dim.
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
-from attnkit._checks import integer, position_ids
-from attnkit.errors import AttnkitValueError, describe
+from attnkit._checks import integer, number, position_ids
 
 
 class Sinusoidal(nn.Module):
@@ -30,9 +27,7 @@ class Sinusoidal(nn.Module):
     def __init__(self, embed_dim: int, base: float = 10000.0):
         super().__init__()
         integer(embed_dim, "embed_dim", low=1, fix="pass the model width E.")
-        if isinstance(base, bool) or not isinstance(base, (int, float)) or not math.isfinite(base) or base <= 0:
-            raise AttnkitValueError(f"base must be a finite number > 0, got {describe(base)}; use the paper's "
-                                    "base=10000.0.")
+        number(base, "base", low=0, low_open=True, fix="use the paper's base=10000.0.")
         self.embed_dim = embed_dim
         self.base = float(base)
 

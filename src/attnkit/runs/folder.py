@@ -23,6 +23,7 @@ import stat
 from pathlib import Path
 
 from attnkit.errors import AttnkitValueError, EnvironmentUnsupportedError
+from attnkit.runs import read as reader
 from attnkit.runs import write as ckpt
 from attnkit.runs.read import ASIDE, CHECKPOINTS, LOSS_PLOT, METRICS, RUN_CONFIG, is_run_folder, open_regular
 from attnkit.runs.tokens import TOKENIZER_DIR
@@ -105,7 +106,7 @@ class RunFolder:
         """Refuse to start a new run where it would destroy something, unless ``overwrite``."""
         if not self.path.is_dir():
             return  # nothing there yet (acquire refuses a file)
-        if ckpt.list_checkpoints(self.path):
+        if reader.list_checkpoints(self.path):
             if not overwrite:
                 resume = f"continue it with resume={str(self.path)!r}, " if self.option == "run_dir" else ""
                 raise RunFolderError(
@@ -191,7 +192,7 @@ class RunFolder:
         aside = self.path / ASIDE
         if not aside.is_dir():
             return
-        if ckpt.list_checkpoints(self.path):
+        if reader.list_checkpoints(self.path):
             shutil.rmtree(aside, ignore_errors=True)
         else:
             self._restore(aside)

@@ -31,7 +31,6 @@ from pathlib import Path
 from torch import nn
 
 from attnkit.errors import AttnkitValueError, EnvironmentUnsupportedError
-from attnkit.integrations.remote_code import RemoteCodeRefused, read_config  # noqa: F401  (re-exported)
 from attnkit.runs.read import CHECKPOINTS, MANIFEST, is_checkpoint_or_run, is_converted, load_model, metrics_file
 from attnkit.runs.tokens import ByteTokenizer, folder_tokenizer, run_tokenizer
 

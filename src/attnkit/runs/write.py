@@ -35,25 +35,18 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors.torch import load, load_file, save_file, save_model  # noqa: F401  (load_file: for callers)
+from safetensors.torch import load, save_file, save_model
 
 from attnkit.errors import EnvironmentUnsupportedError
-
-# the reader, re-exported for the trainer's callers (defined once, in attnkit.runs.read)
-from attnkit.runs.read import (  # noqa: F401
+from attnkit.runs.read import (
     CHECKPOINTS,
     FILES,
     FORMAT,
     MANIFEST,
-    CheckpointError,
     list_checkpoints,
     load_verified_weights,
-    load_weights,
     manifest_bytes,
-    read_state,
     read_verified,
-    resolve,
-    run_identity,
     sha256_file,
 )
 
@@ -129,7 +122,7 @@ def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module, opti
                     state: dict, *, keep: int = 2, extra_tensors: dict[str, torch.Tensor] | None = None) -> Path:
     """Write checkpoint ``step`` atomically under ``run_dir/checkpoints`` and keep the newest ``keep``."""
     root = Path(run_dir) / CHECKPOINTS
-    final = root / f"step_{step:08d}"
+    final = checkpoint_dir(run_dir, step)
     with writing(final):
         root.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".tmp-step_{step:08d}-", dir=root))
@@ -142,6 +135,11 @@ def save_checkpoint(run_dir: str | Path, step: int, model: torch.nn.Module, opti
     for old in list_checkpoints(run_dir)[:-keep] if keep > 0 else []:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def checkpoint_dir(run_dir: str | Path, step: int) -> Path:
+    """Where :func:`save_checkpoint` writes the checkpoint of ``step``: ``RUN/checkpoints/step_NNNNNNNN``."""
+    return Path(run_dir) / CHECKPOINTS / f"step_{step:08d}"
 
 
 def mode(*, folder: bool) -> int:

@@ -15,7 +15,7 @@ import math
 import os
 from dataclasses import asdict, dataclass, field
 
-from attnkit._checks import positive_int
+from attnkit._checks import integer, number, positive_int
 from attnkit.errors import AttnkitValueError
 from attnkit.models.builders import PRESETS
 from attnkit.sweep import space as spaces
@@ -75,15 +75,14 @@ class SweepConfig:
             raise AttnkitValueError("an empty space= names no knob: a sweep needs at least one, e.g. space='heads=1,2,4'.")
         for name in ("trials", "workers", "batch_size", "eval_batches", "heartbeat_s"):
             positive_int(getattr(self, name), name)
-        if isinstance(self.seeds, bool) or not isinstance(self.seeds, int) or self.seeds < 0:
-            raise AttnkitValueError(f"seeds={self.seeds!r} must be an int >= 0 (re-runs of the best and the baseline "
-                                    "for the verdict; 0 = no verdict); e.g. seeds=3.")
+        integer(self.seeds, "seeds", low=0, fix="re-runs of the best and the baseline for the verdict (0 = no "
+                "verdict); e.g. seeds=3.")
         if (self.minutes is None) == (self.trial_steps is None):
             raise AttnkitValueError("give either minutes= (the whole sweep's time budget) or trial_steps= (steps per "
                                     f"trial), not {'both' if self.minutes is not None else 'neither'}; e.g. minutes=10.")
-        if self.minutes is not None and (isinstance(self.minutes, bool) or not isinstance(self.minutes, (int, float))
-                                         or not math.isfinite(self.minutes) or self.minutes <= 0):
-            raise AttnkitValueError(f"minutes={self.minutes!r} must be a number of minutes > 0; e.g. minutes=10.")
+        if self.minutes is not None:
+            number(self.minutes, "minutes", low=0, low_open=True, fix="the sweep's time budget in minutes; e.g. "
+                   "minutes=10.")
         if self.trial_steps is not None:
             positive_int(self.trial_steps, "trial_steps")
         if self.trials < 2:

@@ -5,8 +5,9 @@
 """
 
 from attnkit.runs.read import CheckpointError, load_model
+from attnkit.runs.tokens import ByteTokenizer
 from attnkit.training.config import TrainConfig
-from attnkit.training.data import ByteTokenizer, PackedDataset, load_documents, split_by_file
+from attnkit.training.data import PackedDataset, load_documents, split_by_file
 from attnkit.training.loop import Trainer, TrainResult, train
 from attnkit.training.steps import TrainingDiverged, lm_loss, param_groups, verdict
 

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import InitVar, dataclass, field, fields, replace
 from pathlib import Path
 
-from attnkit._checks import number, positive_int
+from attnkit._checks import integer, number, positive_int
 from attnkit.errors import AttnkitValueError
 from attnkit.models.builders import PRESETS
 from attnkit.models.config import LMConfig, renamed_fields
@@ -97,12 +97,9 @@ class TrainConfig:
             positive_int(getattr(self, name), n(name))
         if self.ckpt_every is not None:
             positive_int(self.ckpt_every, n("ckpt_every"))
-        if self.seq_len is not None and (isinstance(self.seq_len, bool) or not isinstance(self.seq_len, int)
-                                         or self.seq_len < 2):
-            raise AttnkitValueError(f"{n('seq_len')} must be an int >= 2 (tokens per row), got {self.seq_len!r}; omit it "
-                                    "to use the preset's max_seq_len.")
-        if isinstance(self.warmup, bool) or not isinstance(self.warmup, int) or self.warmup < 0:
-            raise AttnkitValueError(f"{n('warmup')} must be an int >= 0 (steps), got {self.warmup!r}; 0 = no warmup.")
+        if self.seq_len is not None:
+            integer(self.seq_len, n("seq_len"), low=2, fix="tokens per row; omit it to use the preset's max_seq_len.")
+        integer(self.warmup, n("warmup"), low=0, fix="steps of warmup; 0 = no warmup.")
         self._check_numbers(n)
 
     def _check_numbers(self, n: Callable[[str], str]) -> None:
@@ -115,9 +112,10 @@ class TrainConfig:
         number(self.min_lr_ratio, "min_lr_ratio", low=0.0, high=1.0, high_closed=True, fix="a share of lr.")
         number(self.val_fraction, n("val_fraction"), low=0.0, high=1.0, low_open=True,
                fix="a share of the data, e.g. 0.05.")
-        if len(self.betas) != 2 or any(isinstance(b, bool) or not isinstance(b, (int, float)) or not 0 <= b < 1
-                                       for b in self.betas):
+        if len(self.betas) != 2:
             raise AttnkitValueError(f"betas must be two numbers in [0, 1), got {self.betas!r}; e.g. (0.9, 0.95).")
+        for i, beta in enumerate(self.betas):
+            number(beta, f"betas[{i}]", low=0, high=1, fix="AdamW's betas are two numbers in [0, 1), e.g. (0.9, 0.95).")
         if self.time_budget is not None:
             number(self.time_budget, "time_budget", low=0.0, low_open=True,
                    fix="a number of seconds; omit it to train for a fixed number of steps.")

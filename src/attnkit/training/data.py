@@ -1,6 +1,6 @@
 """Text data for training: a byte-level tokenizer, corpora, a deterministic split by file, and packed batches.
 
-- :class:`ByteTokenizer`: ids 0..255 are the UTF-8 bytes, 256 is end-of-document (``EOS``); any text, no
+- :class:`~attnkit.runs.tokens.ByteTokenizer`: ids 0..255 are the UTF-8 bytes, 256 is end-of-document (``EOS``); any text, no
   download.
 - :func:`load_documents`: a text file, a folder of text files, or (``None``) the default corpus every machine
   has: the Python standard library's own ``.py`` sources, found through ``sysconfig`` (tests excluded).
@@ -27,8 +27,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from attnkit._checks import integer
 from attnkit.errors import AttnkitValueError
-from attnkit.runs.tokens import ByteTokenizer  # noqa: F401  (the run's tokens: defined with the run reader)
+from attnkit.runs.tokens import ByteTokenizer
 
 TEXT_SUFFIXES = (".txt", ".md", ".py", ".rst", ".json", ".c", ".h", ".js", ".html", ".csv", ".tex", ".toml", ".yaml")
 
@@ -104,8 +105,7 @@ class PackedDataset:
 
     def __init__(self, docs: list[tuple[str, bytes]], seq_len: int, *, doc_mask: bool = True,
                  eos: int = ByteTokenizer.EOS):
-        if isinstance(seq_len, bool) or not isinstance(seq_len, int) or seq_len < 2:
-            raise AttnkitValueError(f"seq_len must be an int >= 2, got {seq_len!r}.")
+        integer(seq_len, "seq_len", low=2, fix="tokens per row (inputs; the targets are shifted by one).")
         pieces, ids = [], []
         for i, (_, data) in enumerate(docs):
             arr = np.frombuffer(data, dtype=np.uint8).astype(np.int16)

@@ -25,9 +25,11 @@ class TrainingInterrupted(AttnkitError, RuntimeError):
     """A run stopped by SIGINT/SIGTERM after a step, with that step checkpointed; ``run_dir``, ``step``,
     ``checkpoint`` and ``signum`` say where (``attnkit train --resume RUN_DIR`` continues it)."""
 
-    def __init__(self, message: str, *, run_dir: Path, step: int, checkpoint: Path | None, signum: int):
+    def __init__(self, message: str, *, run_dir: Path, step: int, checkpoint: Path | None, signum: int,
+                 world: int = 1):
         super().__init__(message)
         self.run_dir, self.step, self.checkpoint, self.signum = run_dir, step, checkpoint, signum
+        self.world = world  # the processes of the run: a resume starts as many
 
 
 class StopRequest:

@@ -30,27 +30,23 @@ from pathlib import Path
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from attnkit import _progress
 from attnkit import distributed as cp
 from attnkit.errors import AttnkitValueError
 from attnkit.runs.folder import RunFolder
-from attnkit.runs.read import LOSS_PLOT, METRICS, load_model  # noqa: F401  (load_model: re-exported)
+from attnkit.runs.read import LOSS_PLOT, METRICS
+from attnkit.runs.tokens import ByteTokenizer
+from attnkit.runs.write import checkpoint_dir
 from attnkit.training import dist, record, start
-from attnkit.training.config import RESUME_HONOURS, TrainConfig, setting  # noqa: F401  (RESUME_HONOURS: re-exported)
-from attnkit.training.data import ByteTokenizer, unigram_loss
+from attnkit.training.config import TrainConfig, setting
+from attnkit.training.data import unigram_loss
 from attnkit.training.deadline import Deadline
 from attnkit.training.interrupt import StopRequest, stop_requests
 from attnkit.training.metrics import MetricsWriter, plot_loss
 from attnkit.training.sampling import sample_text
 from attnkit.training.schedule import lr_at
 from attnkit.training.state import Progress, Setup
-from attnkit.training.steps import (  # noqa: F401  (param_groups, lm_loss, evaluate, verdict: re-exported)
-    evaluate,
-    lm_loss,
-    optimizer_step,
-    param_groups,
-    progress_bar,
-    verdict,
-)
+from attnkit.training.steps import evaluate, optimizer_step, progress_bar, verdict
 
 
 @dataclass
@@ -85,7 +81,7 @@ class Trainer:
     resume or start from); then rank 0 takes the folder's lock (:class:`attnkit.runs.folder.RunFolder`).
 
     ``resume``: continue a run from its newest checkpoint (or one checkpoint folder). The run keeps its own
-    settings; of ``config`` only :data:`RESUME_HONOURS` are used when named in ``given`` (the settings the
+    settings; of ``config`` only :data:`attnkit.training.config.RESUME_HONOURS` are used when named in ``given`` (the settings the
     user set explicitly), the rest of ``given`` is reported as ignored. ``steps`` beyond the original end
     extends the run: the schedule keeps its warmup + cosine to the original end, then holds the minimum rate.
     ``init_from``: start a new run from a checkpoint's weights (fine-tuning): its model, fresh optimizer, step 0.
@@ -198,10 +194,14 @@ class Trainer:
 
     def _begin(self) -> Progress:
         """A new run: its identity, precision and length decided; only now is the run folder touched."""
-        precision, total_steps, evidence, evals_s = start.plan(self.setup, self.groups, self.ctx, self.deadline,
-                                                               self.log)
-        if evals_s is not None:
+        precision, total_steps, evidence, evals_s, step_s = start.plan(self.setup, self.groups, self.ctx,
+                                                                       self.deadline, self.log)
+        if self.deadline is not None:
             self.closing_s["eval"] = evals_s
+            self.deadline.planned(step_s)
+            note = self.deadline.busy_note(self.names("time_budget"))
+            if note:
+                self.log(note)
         progress = Progress(record.new_run_id(), 0, total_steps, total_steps, precision, evidence,
                             first_plan=total_steps, budgeted=self.deadline is not None)
         if self.ctx.is_main:
@@ -309,6 +309,9 @@ class Trainer:
             if saved:
                 with self._timed("save"):
                     self.save()
+                with _progress.clear_of(bar):  # a line of its own, never inside the progress bar
+                    self.log(f"checkpoint {checkpoint_dir(self.run_dir, self.step)} written (step "
+                             f"{self.step}/{self.total_steps}, loss {loss_value:.3f})")
             if dist.any_rank(self.stop_request.signum is not None, self.ctx):  # every rank stops after the same step
                 if bar is not None:
                     bar.close()
@@ -349,6 +352,9 @@ class Trainer:
         self.log(f"time budget {budget['seconds']:.0f} s: ran {self.step} steps, {budget['elapsed_s']:.0f} s so far "
                  f"(first plan {budget['first_plan']} steps from the probe, re-planned {budget['replans']} times "
                  "from the measured step times)")
+        note = self.deadline.short_note(self.step, self.first_plan)
+        if note:
+            self.log(note)
         if self.ctx.is_main:
             record.write_config(self.setup, self.progress, self.ctx.world, self.deadline)  # the plan as it ended
 

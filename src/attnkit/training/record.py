@@ -14,6 +14,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from attnkit.models.config import LMConfig
+from attnkit.runs import read as reader
 from attnkit.runs import write as ckpt
 from attnkit.runs.read import METRICS, RUN_CONFIG
 from attnkit.training import dist
@@ -45,10 +46,10 @@ def identity(setup: Setup, progress: Progress, world: int, deadline=None) -> dic
            "total_steps": p.total_steps, "schedule_steps": p.schedule_steps,
            "data_sha256": setup.data.data_sha256, "world": world}
     if deadline is not None:  # a time budget: the first plan, the re-plans, the steps run
-        out["time_budget"] = deadline.summary(p.first_plan, p.step)
+        out["time_budget"] = {**deadline.summary(p.first_plan, p.step), **deadline.pace(p.step)}
     if setup.init_state is not None:
         out["init_from"] = {"run_id": setup.init_state.get("run_id"), "step": setup.init_state["step"],
-                            "model_sha256": setup.init_state["sha256"][ckpt.FILES[0]]}
+                            "model_sha256": setup.init_state["sha256"][reader.FILES[0]]}
     return out
 
 
@@ -115,13 +116,15 @@ def tokens_per_step(setup: Setup) -> int:
 
 
 def interrupted(setup: Setup, progress: Progress, ctx, stop_request, names) -> TrainingInterrupted:
-    """The error that ends a run stopped on request (on some rank), once its step is checkpointed."""
-    newest = ckpt.list_checkpoints(setup.run_dir)[-1] if ctx.is_main else None
+    """The error that ends a run stopped on request (on some rank), once its step is checkpointed: the same on every
+    rank (each names the checkpoint rank 0 wrote for this step, and the resume of all ``world`` processes)."""
+    newest = ckpt.checkpoint_dir(setup.run_dir, progress.step)
+    every = f" (all {ctx.world} processes, as this run was started)" if ctx.world > 1 else ""
     return TrainingInterrupted(
         f"stopped by {stop_request.name if stop_request.signum is not None else 'another rank'} after step "
         f"{progress.step}/{progress.total_steps}: checkpoint {newest} written; continue the run with "
-        f"{names('resume')} {setup.run_dir}", run_dir=setup.run_dir, step=progress.step, checkpoint=newest,
-        signum=stop_request.signum or 15)
+        f"{names('resume')} {setup.run_dir}{every}", run_dir=setup.run_dir, step=progress.step, checkpoint=newest,
+        signum=stop_request.signum or 15, world=ctx.world)
 
 
 def _describe(config: LMConfig) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from attnkit.models.generation import generate
-from attnkit.training.data import ByteTokenizer
+from attnkit.runs.tokens import ByteTokenizer
 
 
 @torch.no_grad()

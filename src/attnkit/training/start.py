@@ -21,12 +21,14 @@ from attnkit.errors import AttnkitValueError
 from attnkit.models.builders import PRESETS, lm_config
 from attnkit.models.config import LMConfig
 from attnkit.models.lm import TransformerLM
+from attnkit.runs import read as reader
 from attnkit.runs import write as ckpt
 from attnkit.runs.folder import RunFolder
 from attnkit.runs.read import run_folder_of, set_aside_note
+from attnkit.runs.tokens import ByteTokenizer
 from attnkit.training import dist, record
 from attnkit.training.config import TrainConfig, init_config, resumed_config
-from attnkit.training.data import ByteTokenizer, PackedDataset, data_fingerprint, load_documents, split_by_file
+from attnkit.training.data import PackedDataset, data_fingerprint, load_documents, split_by_file
 from attnkit.training.precision import choose_precision
 from attnkit.training.state import Data, Progress, Setup
 from attnkit.training.steps import lm_loss, param_groups, time_once
@@ -57,14 +59,14 @@ def open_start(ctx, config: TrainConfig, resume, init_from, given, log, names) -
             if ctx.is_main and set_aside_note(resume):  # a stopped --overwrite: the lock puts the old run back
                 folder = RunFolder(resume, log=log).acquire()
             dist.barrier(ctx)
-            where = ckpt.resolve(resume)
+            where = reader.resolve(resume)
             run_dir = run_folder_of(where, resume, fix=f"resume the run folder it belongs to, or start a new run from "
                                                        f"its weights with {n('init_from')} {resume} {n('run_dir')} NEW.")
             if ctx.is_main and folder is None:
                 folder = RunFolder(run_dir, log=log).acquire()
-            state = ckpt.read_state(where)  # its run identity checked against the folder
+            state = reader.read_state(where)  # its run identity checked against the folder
             if "train_config" not in state:
-                raise ckpt.CheckpointError(
+                raise reader.CheckpointError(
                     f"{n('resume')} {str(resume)!r}: {where} was not written by the trainer (a converted model has no "
                     f"training state to continue); start a new run from its weights with {n('init_from')} {resume}.")
             config, notes = resumed_config(config, state, given, run_dir, n)
@@ -77,8 +79,8 @@ def open_start(ctx, config: TrainConfig, resume, init_from, given, log, names) -
         return Opening(config, LMConfig.from_dict(state["model_config"]), resume_from=where, resume_state=state,
                        folder=folder)  # the model is never rebuilt from the preset
     if init_from is not None:
-        where = ckpt.resolve(init_from)
-        state = ckpt.read_state(where)
+        where = reader.resolve(init_from)
+        state = reader.read_state(where)
         model_config = LMConfig.from_dict(state["model_config"])
         config, notes = init_config(config, state, given, where, model_config, n)
         for note in notes:
@@ -93,7 +95,7 @@ def digest(state: dict | None) -> dict | None:
     if state is None:
         return None
     return {"run_id": state.get("run_id"), "step": state.get("step"),
-            "model_sha256": (state.get("sha256") or {}).get(ckpt.FILES[0])}
+            "model_sha256": (state.get("sha256") or {}).get(reader.FILES[0])}
 
 
 def build_setup(config: TrainConfig, opening: Opening, data: Data, tokenizer: ByteTokenizer, groups, device, log,
@@ -111,7 +113,7 @@ def build_setup(config: TrainConfig, opening: Opening, data: Data, tokenizer: By
                                 "or less.")
     model = TransformerLM(model_config).to(device)
     if opening.init_state is not None:
-        ckpt.load_weights(where, model)
+        reader.load_weights(where, model)
         log(f"initialised from {where} (step {opening.init_state['step']}, run "
             f"{opening.init_state.get('run_id')}): a new run with its weights and a fresh optimizer")
     model.gradient_checkpointing = config.grad_checkpointing
@@ -149,7 +151,7 @@ def restored(setup: Setup, where: Path, given, rank: int, log, names) -> Progres
     state, _ = ckpt.load_checkpoint(where, setup.model, setup.optimizer, rank=rank)
     step = state["step"]
     progress = Progress(
-        run_id=state.get("run_id") or ckpt.run_identity(setup.run_dir) or record.new_run_id(), step=step,
+        run_id=state.get("run_id") or reader.run_identity(setup.run_dir) or record.new_run_id(), step=step,
         total_steps=max(setup.config.steps, step) if "steps" in given else state["total_steps"],
         schedule_steps=state.get("schedule_steps", state["total_steps"]), precision=state["precision"],
         precision_evidence=state.get("precision_evidence", {}))
@@ -191,10 +193,11 @@ def load_data(config: TrainConfig, log) -> Data:
     return Data(seq_len, sha256, train, val)
 
 
-def plan(setup: Setup, groups, ctx, deadline, log) -> tuple[str, int, dict, float | None]:
-    """A new run's precision and length, decided on rank 0 for every rank: ``(precision, steps, evidence, eval_s)``;
-    ``precision="auto"`` measures fp32 against bf16 here, a time budget (``deadline``) plans its steps from a probe
-    (``eval_s``: the probe's estimate of one validation pass, else None). The RNG state is left as it was."""
+def plan(setup: Setup, groups, ctx, deadline, log) -> tuple[str, int, dict, float | None, float | None]:
+    """A new run's precision and length, decided on rank 0 for every rank: ``(precision, steps, evidence, eval_s,
+    step_s)``; ``precision="auto"`` measures fp32 against bf16 here, a time budget (``deadline``) plans its steps
+    from a probe (``eval_s``: its estimate of one validation pass, ``step_s``: of one step with its share of the
+    evaluations; else None). The RNG state is left as it was."""
     c, model, device = setup.config, setup.model, ctx.device
     batch = setup.data.train_data.batch(0, c.batch_size, seed=c.seed, rank=groups.dp_rank, world=groups.dp).to(device)
     rng = torch.get_rng_state()
@@ -204,7 +207,7 @@ def plan(setup: Setup, groups, ctx, deadline, log) -> tuple[str, int, dict, floa
         model.zero_grad(set_to_none=True)
 
     evidence: dict = {}
-    precision, steps, evals = c.precision, c.steps, None
+    precision, steps, evals, per_step = c.precision, c.steps, None, None
     if precision == "auto":
         precision, evidence = choose_precision(fwd_bwd, device)
         log(f"precision: {evidence['summary']} -> {precision}")
@@ -212,8 +215,9 @@ def plan(setup: Setup, groups, ctx, deadline, log) -> tuple[str, int, dict, floa
         step_time = evidence.get("median_s", {}).get(precision) or time_once(fwd_bwd, precision)
         step_time = step_time * c.accum * 1.15  # optimizer step and bookkeeping
         evals = step_time * c.eval_batches / 3  # forward only, every eval_every steps
-        steps = max(1, int(deadline.left() / (step_time + evals / c.eval_every)))
+        per_step = step_time + evals / c.eval_every
+        steps = max(1, int(deadline.left() / per_step))
         log(f"time budget {c.time_budget:.0f} s ({deadline.left():.0f} s left) at ~{step_time:.3f} s/step (probe) -> "
             f"{steps} steps planned; re-planned from the measured step times as it runs")
     torch.set_rng_state(rng)
-    return dist.from_rank0((precision, steps, evidence, evals), ctx)  # rank 0 decides for every rank
+    return dist.from_rank0((precision, steps, evidence, evals, per_step), ctx)  # rank 0 decides for every rank

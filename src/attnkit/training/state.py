@@ -17,8 +17,9 @@ import torch
 from attnkit.distributed.comm import MessageLog
 from attnkit.models.config import LMConfig
 from attnkit.models.lm import TransformerLM
+from attnkit.runs.tokens import ByteTokenizer
 from attnkit.training.config import TrainConfig
-from attnkit.training.data import ByteTokenizer, PackedDataset
+from attnkit.training.data import PackedDataset
 
 
 @dataclass(frozen=True)

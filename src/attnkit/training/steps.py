@@ -17,7 +17,7 @@ from attnkit import _progress, masks
 from attnkit import distributed as cp
 from attnkit.errors import AttnkitError
 from attnkit.models.lm import TransformerLM
-from attnkit.runs import write as ckpt
+from attnkit.runs import read as reader
 from attnkit.training import dist
 from attnkit.training.precision import autocast
 from attnkit.training.schedule import lr_at
@@ -140,7 +140,7 @@ def diverged(setup, step: int, loss: float, grad_norm: float, lr: float, names) 
     """The error that stops a run whose loss or gradient norm is not finite, saying what was kept and the usual
     causes."""
     n = names
-    newest = ckpt.list_checkpoints(setup.run_dir)
+    newest = reader.list_checkpoints(setup.run_dir)
     kept = (f"the newest checkpoint {newest[-1]} is the last finite one (start a new run from its weights with "
             f"{n('init_from')} {newest[-1]} and a lower {n('lr')})" if newest else "no checkpoint was written yet")
     return TrainingDiverged(

@@ -26,11 +26,5 @@ for _module in pkgutil.iter_modules(__path__):
         importlib.import_module(f"{__name__}.{_module.name}")
 
 
-def __getattr__(attr: str):
-    if attr == "ORDER":  # kept for callers of the old constant: always the live registry's order
-        return names()
-    raise AttributeError(f"module {__name__!r} has no attribute {attr!r}")
-
-
-__all__ = ["ORDER", "REGISTRY", "Check", "Options", "Outcome", "Skip", "PASS", "WARN", "FAIL", "SKIP", "INFO", "check",
+__all__ = ["REGISTRY", "Check", "Options", "Outcome", "Skip", "PASS", "WARN", "FAIL", "SKIP", "INFO", "check",
            "names"]

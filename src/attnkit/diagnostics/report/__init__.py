@@ -27,11 +27,12 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from attnkit._files import check_text
 from attnkit.diagnostics.report.collect import Collected, collect
 from attnkit.diagnostics.report.display import ReportFile, ReportPage
 from attnkit.diagnostics.report.encode import human_bytes
 from attnkit.diagnostics.report.importance import check_importance_shape, importance_panel
-from attnkit.diagnostics.report.out import check_out, check_text, write_page
+from attnkit.diagnostics.report.out import check_out, write_page
 from attnkit.diagnostics.report.page import render
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, describe
 

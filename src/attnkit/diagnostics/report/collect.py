@@ -136,6 +136,26 @@ def _forward(model: nn.Module, tokens: torch.Tensor, implementation: str):
     return model(tokens)
 
 
+def _captured_layers(model: nn.Module, cap, structure) -> list[Layer]:
+    """One :class:`Layer` per attention layer capture saw (its last call), named by the model's structure."""
+    layers, attending, calls = [], [x for x in structure if x.attends], cap.by_layer()
+    for i, (name, records) in enumerate(calls.items()):
+        if _is_hf(model) and name.startswith("call"):  # transformers' attention modules are not attnkit's:
+            # the i-th call is the i-th attention layer (a hybrid's linear layers make none)
+            name = attending[i].name if len(attending) == len(calls) else f"layer {i}"
+        record = records[-1]  # the last call of the layer (one forward: the only one)
+        allowed = record.allowed
+        if allowed is not None:
+            allowed = allowed[0].cpu()  # (1|H, L, L)
+            if allowed.shape[-2] == 1:  # a row-broadcast mask (padding only): one row for all queries
+                allowed = allowed.expand(allowed.shape[0], record.weights.shape[2], allowed.shape[-1])
+        weights = record.weights[0].float().cpu()  # (H, L, L)
+        layers.append(Layer(name, weights, allowed, record.kv_heads or _kv_heads_of(model, name, weights.shape[0]),
+                            kind=record.kind, head_dim=record.head_dim, v_head_dim=record.v_head_dim,
+                            scale=record.scale, sinks=record.sinks))
+    return layers
+
+
 def collect(model: nn.Module, tokens: torch.Tensor, labels: list[str], *,
             thresholds: HealthThresholds | None = None) -> Collected:
     """Run ``model`` on ``tokens (1, L)`` and gather every attention layer (see the module docstring)."""
@@ -156,22 +176,7 @@ def collect(model: nn.Module, tokens: torch.Tensor, labels: list[str], *,
     if _is_hf(model):
         source = f"attnkit capture (transformers attn_implementation={used!r})"
     structure = model_layers(model) or []
-    attending = [x for x in structure if x.attends]
-    calls = cap.by_layer()
-    for i, (name, records) in enumerate(calls.items()):
-        if _is_hf(model) and name.startswith("call"):  # transformers' attention modules are not attnkit's:
-            # the i-th call is the i-th attention layer (a hybrid's linear layers make none)
-            name = attending[i].name if len(attending) == len(calls) else f"layer {i}"
-        record = records[-1]  # the last call of the layer (one forward: the only one)
-        allowed = record.allowed
-        if allowed is not None:
-            allowed = allowed[0].cpu()  # (1|H, L, L)
-            if allowed.shape[-2] == 1:  # a row-broadcast mask (padding only): one row for all queries
-                allowed = allowed.expand(allowed.shape[0], record.weights.shape[2], allowed.shape[-1])
-        weights = record.weights[0].float().cpu()  # (H, L, L)
-        layers.append(Layer(name, weights, allowed, record.kv_heads or _kv_heads_of(model, name, weights.shape[0]),
-                            kind=record.kind, head_dim=record.head_dim, v_head_dim=record.v_head_dim,
-                            scale=record.scale, sinks=record.sinks))
+    layers = _captured_layers(model, cap, structure)
     skipped = [(x.name, x.skipped) for x in structure if not x.attends]
     if not layers and _is_hf(model):
         attentions = getattr(out, "attentions", None)
@@ -202,6 +207,6 @@ def collect(model: nn.Module, tokens: torch.Tensor, labels: list[str], *,
 
 
 def _hf_encoder_types() -> set[str]:
-    from attnkit.diagnostics.subjects import HF_ENCODER_TYPES
+    from attnkit.integrations.hf.folders import HF_ENCODER_TYPES
 
     return HF_ENCODER_TYPES

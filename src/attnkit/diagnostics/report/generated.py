@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from attnkit._checks import positive_int
 from attnkit.errors import AttnkitValueError
 
 BUDGET = 4 * 1024 * 1024  #: bytes of generated-token rows kept densely; past it, top-k per row
@@ -57,8 +58,7 @@ def check_generate(model: nn.Module, n: int, prompt_len: int, max_tokens: int) -
     from attnkit.diagnostics.importance import _causal
     from attnkit.diagnostics.report import trained_length
 
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-        raise AttnkitValueError(f"generate must be a positive int (new tokens to follow), got {n!r}; e.g. generate=32.")
+    positive_int(n, "generate", "new tokens to follow, e.g. generate=32.")
     if _causal(model) is False:
         raise AttnkitValueError(f"generate={n} needs a causal language model; {type(model).__name__} is an encoder "
                                 "(it attends both ways and predicts no next token): leave generate out.")

@@ -18,7 +18,6 @@ from functools import cache
 from pathlib import Path
 
 from attnkit import _files
-from attnkit._files import check_text  # noqa: F401  (re-exported: the CLI checks its texts with it)
 
 
 @cache

@@ -4,11 +4,12 @@
 >>> model = from_hf(hf_model)          # GPT-2, LLaMA, Mistral, Qwen2 (decoders) or BERT (an encoder)  # doctest: +SKIP
 >>> hf_again = to_hf(model, "llama")   # a transformers model with the same weights (BERT: a BertModel)  # doctest: +SKIP
 
-A family registered with :func:`register_family` converts both ways and exports (:func:`exportable_families`).
+A family registered with :func:`~attnkit.integrations.hf.families.register_family` converts both ways and exports
+(:func:`exportable_families`).
 
-Every name and layout difference lives in :mod:`attnkit.integrations.hf.families`, one :class:`Family` per model
-type: which ``LMConfig`` fields the HF config sets, and which attnkit parameter each HF tensor becomes. attnkit's
-API knows nothing of them; this module runs the conversions.
+Every name and layout difference lives in :mod:`attnkit.integrations.hf.families`, one
+:class:`~attnkit.integrations.hf.families.Family` per model type: which ``LMConfig`` fields the HF config sets, and
+which attnkit parameter each HF tensor becomes. attnkit's API knows nothing of them; this module runs the conversions.
 
 (GPT-2, LLaMA, Mistral, Qwen2, BERT: what each maps is listed there.) BERT is an encoder; its MLM head is not
 part of attnkit's encoder, so ``to_hf`` gives a ``BertModel`` (its pooler carried when the source had one: attnkit's
@@ -28,14 +29,7 @@ import warnings
 import torch
 
 from attnkit.errors import AttnkitTypeError, AttnkitValueError, BackendUnsupportedError, describe
-from attnkit.integrations.hf.families import (  # noqa: F401  (FAMILIES, Family, register_family: re-exported)
-    FAMILIES,
-    Family,
-    Param,
-    Tensors,
-    family_of,
-    register_family,
-)
+from attnkit.integrations.hf.families import FAMILIES, Param, Tensors, family_of
 from attnkit.models.config import LMConfig
 from attnkit.models.lm import TransformerLM
 
