@@ -89,16 +89,20 @@ def begin(suite: str, *, threads_flag: bool = False, stream=None) -> dict:
             print(f"bench {suite}: running, {_timing.CALLS[0] - calls} timed calls so far "
                   f"({time.monotonic() - start:.0f} s, load {load_1min()})", file=stream, flush=True)
 
-    CONDITIONS["_stop"], CONDITIONS["_previous_threads"] = stop, previous
-    threading.Thread(target=beat, name=f"bench {suite} heartbeat", daemon=True).start()
+    thread = threading.Thread(target=beat, name=f"bench {suite} heartbeat", daemon=True)
+    CONDITIONS["_stop"], CONDITIONS["_thread"], CONDITIONS["_previous_threads"] = stop, thread, previous
+    thread.start()
     return CONDITIONS
 
 
 def end() -> None:
     """Stop the running suite's heartbeat (if any) and give torch back the threads it had before :func:`begin`."""
-    stop, previous = CONDITIONS.pop("_stop", None), CONDITIONS.pop("_previous_threads", None)
+    stop, thread = CONDITIONS.pop("_stop", None), CONDITIONS.pop("_thread", None)
+    previous = CONDITIONS.pop("_previous_threads", None)
     if stop is not None:
         stop.set()
+    if thread is not None:
+        thread.join()  # a line it was printing lands before end() returns, never after
     if previous is not None:
         torch.set_num_threads(previous)
 
