@@ -10,7 +10,7 @@ from test_oracle import MASKS
 import attnkit as ak
 from attnkit._bias import StructuredBias
 from attnkit._validation import build_call
-from attnkit.backends import block_plan, blocksparse
+from attnkit.backends import block_groups, block_plan
 from attnkit.backends.blocksparse import make_plans
 from attnkit.masks import blocks
 from attnkit.masks.dense import context_for
@@ -181,7 +181,7 @@ def test_window_band_runs_as_views_with_one_broadcast_mask(monkeypatch):
     g = torch.Generator().manual_seed(2)
     q, k, v = torch.randn(1, 8, L, 16, generator=g), torch.randn(1, 2, L, 16, generator=g), torch.randn(1, 2, L, 16, generator=g)
     masks, gathers = [], []
-    original_sdpa, original_take = torch.nn.functional.scaled_dot_product_attention, blocksparse._take
+    original_sdpa, original_take = torch.nn.functional.scaled_dot_product_attention, block_groups._take
 
     def spy(q, k, v, attn_mask=None, **kw):
         if attn_mask is not None:
@@ -189,7 +189,7 @@ def test_window_band_runs_as_views_with_one_broadcast_mask(monkeypatch):
         return original_sdpa(q, k, v, attn_mask=attn_mask, **kw)
 
     monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
-    monkeypatch.setattr(blocksparse, "_take", lambda x, idx: gathers.append(idx.shape) or original_take(x, idx))
+    monkeypatch.setattr(block_groups, "_take", lambda x, idx: gathers.append(idx.shape) or original_take(x, idx))
     out, grads = run_with_grads(lambda q, k, v: ak.attention(q, k, v, prepared, backend="blocksparse"), [q, k, v])
     assert masks == [(1, 1, 64, 64 + W)]  # one masked call of every 64-query tile, its mask shared
     assert gathers == []
