@@ -53,6 +53,8 @@ def mask_kind(spec) -> str:
     (which only take keys away from a pattern) do not change it. An ``|`` or ``~`` is one part: no single pattern."""
     if spec is None:
         return "full (bidirectional)"
+    if not callable(getattr(spec, "conjuncts", None)):  # a tensor mask (bool or additive): no pattern to name
+        return "dense mask"
     parts = spec.conjuncts()
     for part in parts:
         if part.kind in _SHAPED:
