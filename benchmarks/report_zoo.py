@@ -3,7 +3,8 @@ random configs of 29 transformers families), each saved with `save_pretrained` (
 folder with `--ids`, as a user would; the test on a fast subset is tests/diagnostics/report/test_report_zoo.py.
 
 Recorded per family: whether each command exited 0 (and its error line when not), the layer kinds and head facts
-the page's layers table shows, the layers skipped and why, the heads table's shape, and the seconds. Results: benchmarks/results/report_zoo.json.
+the page's layers table shows, the layers skipped and why, the heads table's shape, and the seconds.
+Results: benchmarks/results/report_zoo.json.
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/report_zoo.py [FAMILY ...]
 """
