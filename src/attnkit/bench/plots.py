@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import textwrap
 from pathlib import Path
 
 SUMMARY = "redraw the plots of recorded results (benchmarks/results/*.json) without re-running"
@@ -91,8 +92,8 @@ def line_panels(panels: dict[str, dict[str, list[tuple[float, float]]]], path: P
             ax.legend(fontsize=7)
     for ax in list(axes.flat)[n:]:
         ax.set_visible(False)
-    if title:
-        fig.suptitle(title)
+    if title:  # wrapped to the figure's width (~9 characters per inch at the default size): never cut at the edges
+        fig.suptitle("\n".join(textwrap.wrap(title, max(24, int(fig.get_figwidth() * 9)))))
     fig.tight_layout()
     path = Path(path)
     fig.savefig(path, dpi=dpi)
